@@ -1,0 +1,211 @@
+//! `pubsub_outbox_dead_letter`: messages that need an operator.
+//!
+//! Moving a row here is atomic: one statement deletes it from the outbox and inserts it here, in
+//! the dispatcher's settle transaction. A dedupe key is held at most once; a second failure of the
+//! same key (after a replay) updates the entry.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+
+use crate::error::{DbContext, Result};
+use crate::message::{Attributes, NewMessage};
+
+/// Why a message was dead-lettered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Pub/Sub (or a local limit check) refused it; retrying cannot help.
+    Permanent,
+    /// Transient failures outlasted the maximum attempts.
+    Exhausted,
+    /// The producer refused it before enqueue.
+    Rejected,
+}
+
+impl ErrorKind {
+    /// The value stored in `error_kind`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Permanent => "permanent",
+            Self::Exhausted => "exhausted",
+            Self::Rejected => "rejected",
+        }
+    }
+}
+
+/// One outbox row to move here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The outbox row id.
+    pub id: i64,
+    /// The final attempt count.
+    pub attempts: i32,
+    /// Why.
+    pub kind: ErrorKind,
+    /// The last error, for the operator.
+    pub error: String,
+}
+
+/// Moves outbox rows to the dead-letter table (delete + insert in one statement).
+pub async fn move_from_outbox(conn: &mut PgConnection, failures: &[Failure], now: DateTime<Utc>) -> Result<u64> {
+    if failures.is_empty() {
+        return Ok(0);
+    }
+    let ids: Vec<i64> = failures.iter().map(|f| f.id).collect();
+    let attempts: Vec<i32> = failures.iter().map(|f| f.attempts).collect();
+    let kinds: Vec<&str> = failures.iter().map(|f| f.kind.as_str()).collect();
+    let errors: Vec<&str> = failures.iter().map(|f| f.error.as_str()).collect();
+    let r = sqlx::query(
+        "WITH f AS (
+             SELECT * FROM UNNEST($1::bigint[], $2::int[], $3::text[], $4::text[]) AS f(id, attempts, kind, err)
+         ), moved AS (
+             DELETE FROM pubsub_outbox o USING f WHERE o.id = f.id
+             RETURNING o.id, o.topic, o.ordering_key, o.dedupe_key, o.payload, o.attributes, o.created_at,
+                       f.attempts, f.kind, f.err
+         )
+         INSERT INTO pubsub_outbox_dead_letter
+             (outbox_id, topic, ordering_key, dedupe_key, payload, attributes, created_at, failed_at,
+              attempts, error_kind, last_error, source)
+         SELECT id, topic, ordering_key, dedupe_key, payload, attributes, created_at, $5,
+                attempts, kind, err, 'dispatcher'
+         FROM moved
+         ON CONFLICT (dedupe_key) DO UPDATE SET
+             outbox_id = EXCLUDED.outbox_id, failed_at = EXCLUDED.failed_at,
+             attempts = EXCLUDED.attempts, error_kind = EXCLUDED.error_kind,
+             last_error = EXCLUDED.last_error, payload = EXCLUDED.payload,
+             attributes = EXCLUDED.attributes, topic = EXCLUDED.topic,
+             ordering_key = EXCLUDED.ordering_key",
+    )
+    .bind(&ids)
+    .bind(&attempts)
+    .bind(&kinds)
+    .bind(&errors)
+    .bind(now)
+    .execute(&mut *conn)
+    .await
+    .context("moving rows from pubsub_outbox to pubsub_outbox_dead_letter")?;
+    Ok(r.rows_affected())
+}
+
+/// A message the producer refused before enqueue, with the reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// The message as it would have been enqueued.
+    pub message: NewMessage,
+    /// Why it can never be published.
+    pub reason: String,
+}
+
+/// Records messages a writer refused before enqueue. A dedupe key already dead-lettered is skipped
+/// (a producer lookback re-reading the same row adds nothing). Returns rows inserted.
+pub async fn insert_rejected(conn: &mut PgConnection, source: &str, rejected: &[Rejection]) -> Result<u64> {
+    if rejected.is_empty() {
+        return Ok(0);
+    }
+    let topics: Vec<&str> = rejected.iter().map(|r| r.message.topic.as_str()).collect();
+    let keys: Vec<Option<&str>> = rejected.iter().map(|r| r.message.ordering_key.as_deref()).collect();
+    let dedupe: Vec<&str> = rejected.iter().map(|r| r.message.dedupe_key.as_str()).collect();
+    let payloads: Vec<&[u8]> = rejected.iter().map(|r| r.message.payload.as_slice()).collect();
+    let attributes: Vec<String> = rejected
+        .iter()
+        .map(|r| serde_json::to_string(&r.message.attributes).unwrap_or_else(|_| "{}".to_owned()))
+        .collect();
+    let reasons: Vec<&str> = rejected.iter().map(|r| r.reason.as_str()).collect();
+    let r = sqlx::query(
+        "INSERT INTO pubsub_outbox_dead_letter
+             (topic, ordering_key, dedupe_key, payload, attributes, created_at, attempts, error_kind,
+              last_error, source)
+         SELECT t, k, d, p, a::jsonb, now(), 0, 'rejected', e, $7
+         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[])
+              AS r(t, k, d, p, a, e)
+         ON CONFLICT (dedupe_key) DO NOTHING",
+    )
+    .bind(&topics)
+    .bind(&keys)
+    .bind(&dedupe)
+    .bind(&payloads)
+    .bind(&attributes)
+    .bind(&reasons)
+    .bind(source)
+    .execute(&mut *conn)
+    .await
+    .context("recording rejected messages in pubsub_outbox_dead_letter")?;
+    Ok(r.rows_affected())
+}
+
+/// A dead-letter entry as operators see it.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct DeadLetter {
+    /// Entry id.
+    pub id: i64,
+    /// Original outbox id, if it was enqueued.
+    pub outbox_id: Option<i64>,
+    /// Full topic name.
+    pub topic: String,
+    /// Ordering key.
+    pub ordering_key: Option<String>,
+    /// Dedupe key.
+    pub dedupe_key: String,
+    /// The message data.
+    pub payload: Vec<u8>,
+    /// Attributes.
+    pub attributes: sqlx::types::Json<Attributes>,
+    /// When it was first enqueued.
+    pub created_at: DateTime<Utc>,
+    /// When it was dead-lettered.
+    pub failed_at: DateTime<Utc>,
+    /// Attempts made.
+    pub attempts: i32,
+    /// permanent / exhausted / rejected.
+    pub error_kind: String,
+    /// The last error.
+    pub last_error: String,
+    /// dispatcher or producer:<stream>.
+    pub source: String,
+}
+
+/// Lists dead letters, newest first (optionally for one topic).
+pub async fn list(conn: &mut PgConnection, topic: Option<&str>, limit: i64) -> Result<Vec<DeadLetter>> {
+    sqlx::query_as(
+        "SELECT id, outbox_id, topic, ordering_key, dedupe_key, payload, attributes, created_at,
+                failed_at, attempts, error_kind, last_error, source
+         FROM pubsub_outbox_dead_letter
+         WHERE ($1::text IS NULL OR topic = $1)
+         ORDER BY failed_at DESC, id DESC
+         LIMIT $2",
+    )
+    .bind(topic)
+    .bind(limit)
+    .fetch_all(&mut *conn)
+    .await
+    .context("listing pubsub_outbox_dead_letter")
+}
+
+/// Puts dead letters back into the outbox (attempts reset, due now) and removes them here.
+/// Returns the ids replayed. Dedupe keys still present in the outbox are left in place.
+pub async fn replay(conn: &mut PgConnection, ids: &[i64]) -> Result<Vec<i64>> {
+    sqlx::query_scalar(
+        "WITH moved AS (
+             DELETE FROM pubsub_outbox_dead_letter d
+             WHERE d.id = ANY($1)
+               AND NOT EXISTS (SELECT 1 FROM pubsub_outbox o WHERE o.dedupe_key = d.dedupe_key)
+             RETURNING d.id, d.topic, d.ordering_key, d.dedupe_key, d.payload, d.attributes, d.created_at
+         ), inserted AS (
+             INSERT INTO pubsub_outbox (topic, ordering_key, dedupe_key, payload, attributes, created_at)
+             SELECT topic, ordering_key, dedupe_key, payload, attributes, created_at FROM moved ORDER BY id
+         )
+         SELECT id FROM moved ORDER BY id",
+    )
+    .bind(ids)
+    .fetch_all(&mut *conn)
+    .await
+    .context("replaying dead letters into pubsub_outbox")
+}
+
+/// Deletes dead letters for good. Returns the ids discarded.
+pub async fn discard(conn: &mut PgConnection, ids: &[i64]) -> Result<Vec<i64>> {
+    sqlx::query_scalar("DELETE FROM pubsub_outbox_dead_letter WHERE id = ANY($1) RETURNING id")
+        .bind(ids)
+        .fetch_all(&mut *conn)
+        .await
+        .context("discarding dead letters")
+}

@@ -1,0 +1,12 @@
+//! All SQL of the project, one module per table. Nothing outside this module writes SQL.
+//!
+//! Functions take `&mut PgConnection` (a transaction derefs to one) so callers decide the
+//! transaction boundaries: the producer enqueues and advances its watermark atomically; the
+//! dispatcher claims and settles inside one transaction.
+
+pub mod audit;
+pub mod dead_letter;
+pub mod notify;
+pub mod outbox;
+pub mod run_ledger;
+pub mod watermark;

@@ -1,0 +1,281 @@
+//! `pubsub_outbox`: enqueue, claim, settle (published / retry), purge, backlog figures.
+//!
+//! Claim protocol: **row locks held in the claiming transaction** (see ARCHITECTURE.md). The
+//! dispatcher opens a transaction, [`claim_batch`] locks up to `limit` due rows with
+//! `FOR UPDATE SKIP LOCKED`, publishes them, settles every row in the same transaction and commits.
+//! A dispatcher that dies at any instant drops its connection; PostgreSQL rolls the transaction back
+//! and the rows are claimable again at once (a hung-but-connected process is bounded by
+//! `idle_in_transaction_session_timeout`, which the dispatcher sets per session).
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+
+use crate::error::{DbContext, Result};
+use crate::message::{Attributes, ClaimedMessage, NewMessage};
+
+/// What [`enqueue_batch`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EnqueueOutcome {
+    /// Rows inserted.
+    pub inserted: u64,
+    /// Rows skipped because their dedupe key was already in the outbox.
+    pub duplicates: u64,
+}
+
+/// Inserts `messages` in one statement; a dedupe key already present is skipped, never duplicated.
+///
+/// Runs on the caller's connection or transaction: enqueue in the same transaction as the business
+/// change (that is the point of an outbox), then call [`super::notify::notify`] once before commit.
+pub async fn enqueue_batch(conn: &mut PgConnection, messages: &[NewMessage]) -> Result<EnqueueOutcome> {
+    if messages.is_empty() {
+        return Ok(EnqueueOutcome::default());
+    }
+    let mut topics = Vec::with_capacity(messages.len());
+    let mut keys = Vec::with_capacity(messages.len());
+    let mut dedupe = Vec::with_capacity(messages.len());
+    let mut payloads = Vec::with_capacity(messages.len());
+    let mut attributes = Vec::with_capacity(messages.len());
+    for m in messages {
+        topics.push(m.topic.as_str());
+        keys.push(m.ordering_key.as_deref());
+        dedupe.push(m.dedupe_key.as_str());
+        payloads.push(m.payload.as_slice());
+        attributes.push(serde_json::to_string(&m.attributes).unwrap_or_else(|_| "{}".to_owned()));
+    }
+    // WITH ORDINALITY keeps the caller's order in the identity column, which is the order
+    // messages sharing an ordering key are published in.
+    let result = sqlx::query(
+        "INSERT INTO pubsub_outbox (topic, ordering_key, dedupe_key, payload, attributes)
+         SELECT t, k, d, p, a::jsonb
+         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[])
+              WITH ORDINALITY AS m(t, k, d, p, a, n)
+         ORDER BY n
+         ON CONFLICT (dedupe_key) DO NOTHING",
+    )
+    .bind(&topics)
+    .bind(&keys)
+    .bind(&dedupe)
+    .bind(&payloads)
+    .bind(&attributes)
+    .execute(&mut *conn)
+    .await
+    .context("inserting messages into pubsub_outbox")?;
+    let inserted = result.rows_affected();
+    Ok(EnqueueOutcome { inserted, duplicates: messages.len() as u64 - inserted })
+}
+
+/// Which rows a claim may take.
+#[derive(Debug, Clone)]
+pub struct ClaimFilter<'a> {
+    /// Rows due at or before this instant.
+    pub now: DateTime<Utc>,
+    /// At most this many rows.
+    pub limit: i64,
+    /// Only these full topic names (None: every topic).
+    pub topics: Option<&'a [String]>,
+}
+
+type ClaimRow = (i64, String, Option<String>, String, Vec<u8>, sqlx::types::Json<Attributes>, i32, DateTime<Utc>);
+
+/// Locks and returns up to `filter.limit` due rows, oldest due first, skipping rows other workers
+/// hold. Must run inside a transaction that the caller keeps open until the rows are settled.
+pub async fn claim_batch(conn: &mut PgConnection, filter: &ClaimFilter<'_>) -> Result<Vec<ClaimedMessage>> {
+    // A materialized CTE bounds the locking to exactly `limit` rows and keeps a safe plan even
+    // when the plan cache switches to a generic plan; `id IN (SELECT … LIMIT … SKIP LOCKED)`
+    // inlined into the outer query can lock more rows than it returns and seq-scans generically.
+    let rows: Vec<ClaimRow> = sqlx::query_as(
+        "WITH claimed AS MATERIALIZED (
+             SELECT id FROM pubsub_outbox
+             WHERE published_at IS NULL
+               AND next_attempt_at <= $1
+               AND ($3::text[] IS NULL OR topic = ANY($3))
+             ORDER BY next_attempt_at, id
+             LIMIT $2
+             FOR UPDATE SKIP LOCKED)
+         SELECT o.id, o.topic, o.ordering_key, o.dedupe_key, o.payload, o.attributes,
+                o.attempts, o.created_at
+         FROM pubsub_outbox o
+         WHERE o.id IN (SELECT id FROM claimed)
+         ORDER BY o.id",
+    )
+    .bind(filter.now)
+    .bind(filter.limit)
+    .bind(filter.topics)
+    .fetch_all(&mut *conn)
+    .await
+    .context("claiming due rows from pubsub_outbox")?;
+    Ok(rows.into_iter().map(into_claimed).collect())
+}
+
+fn into_claimed(row: ClaimRow) -> ClaimedMessage {
+    let (id, topic, ordering_key, dedupe_key, payload, attributes, attempts, created_at) = row;
+    ClaimedMessage { id, topic, ordering_key, dedupe_key, payload, attributes: attributes.0, attempts, created_at }
+}
+
+/// Deletes rows that were published (retention 0: nothing is kept).
+pub async fn delete_published(conn: &mut PgConnection, ids: &[i64]) -> Result<u64> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let r = sqlx::query("DELETE FROM pubsub_outbox WHERE id = ANY($1)")
+        .bind(ids)
+        .execute(&mut *conn)
+        .await
+        .context("deleting published rows from pubsub_outbox")?;
+    Ok(r.rows_affected())
+}
+
+/// Records the publish of retained rows: `(id, Pub/Sub message id)` pairs.
+pub async fn mark_published(
+    conn: &mut PgConnection,
+    published: &[(i64, String)],
+    now: DateTime<Utc>,
+) -> Result<u64> {
+    if published.is_empty() {
+        return Ok(0);
+    }
+    let (ids, message_ids): (Vec<i64>, Vec<&str>) =
+        published.iter().map(|(id, mid)| (*id, mid.as_str())).unzip();
+    let r = sqlx::query(
+        "UPDATE pubsub_outbox o
+         SET published_at = $3, pubsub_message_id = p.mid, last_error = NULL
+         FROM UNNEST($1::bigint[], $2::text[]) AS p(id, mid)
+         WHERE o.id = p.id",
+    )
+    .bind(&ids)
+    .bind(&message_ids)
+    .bind(now)
+    .execute(&mut *conn)
+    .await
+    .context("marking rows published in pubsub_outbox")?;
+    Ok(r.rows_affected())
+}
+
+/// One row to retry later.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retry {
+    /// Row id.
+    pub id: i64,
+    /// New attempt count.
+    pub attempts: i32,
+    /// When it becomes due again.
+    pub next_attempt_at: DateTime<Utc>,
+    /// Why the last attempt failed.
+    pub last_error: String,
+}
+
+/// Stores the retry schedule of failed rows (attempts, next attempt time, last error).
+pub async fn schedule_retries(conn: &mut PgConnection, retries: &[Retry]) -> Result<u64> {
+    if retries.is_empty() {
+        return Ok(0);
+    }
+    let ids: Vec<i64> = retries.iter().map(|r| r.id).collect();
+    let attempts: Vec<i32> = retries.iter().map(|r| r.attempts).collect();
+    let due: Vec<DateTime<Utc>> = retries.iter().map(|r| r.next_attempt_at).collect();
+    let errors: Vec<&str> = retries.iter().map(|r| r.last_error.as_str()).collect();
+    let r = sqlx::query(
+        "UPDATE pubsub_outbox o
+         SET attempts = r.attempts, next_attempt_at = r.due, last_error = r.err
+         FROM UNNEST($1::bigint[], $2::int[], $3::timestamptz[], $4::text[]) AS r(id, attempts, due, err)
+         WHERE o.id = r.id",
+    )
+    .bind(&ids)
+    .bind(&attempts)
+    .bind(&due)
+    .bind(&errors)
+    .execute(&mut *conn)
+    .await
+    .context("scheduling retries in pubsub_outbox")?;
+    Ok(r.rows_affected())
+}
+
+/// Deletes up to `limit` published rows older than `before`, skipping rows someone else holds,
+/// so a purge never stalls claiming. Returns how many were deleted.
+pub async fn purge_published(conn: &mut PgConnection, before: DateTime<Utc>, limit: i64) -> Result<u64> {
+    let r = sqlx::query(
+        "DELETE FROM pubsub_outbox
+         WHERE id = ANY(ARRAY(
+             SELECT id FROM pubsub_outbox
+             WHERE published_at IS NOT NULL AND published_at < $1
+             ORDER BY published_at
+             LIMIT $2
+             FOR UPDATE SKIP LOCKED))",
+    )
+    .bind(before)
+    .bind(limit)
+    .execute(&mut *conn)
+    .await
+    .context("purging published rows from pubsub_outbox")?;
+    Ok(r.rows_affected())
+}
+
+/// Cheap backlog figures for gauges.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Backlog {
+    /// Unpublished rows, counted up to the cap given to [`backlog`].
+    pub pending: i64,
+    /// Whether `pending` hit the cap (the real backlog is at least that).
+    pub pending_capped: bool,
+    /// Age in seconds of the oldest row that is due now (0 when none is due).
+    pub oldest_due_age_secs: f64,
+}
+
+/// Counts unpublished rows (an index-only scan, stopped at `cap`) and the age of the oldest due row.
+pub async fn backlog(conn: &mut PgConnection, now: DateTime<Utc>, cap: i64) -> Result<Backlog> {
+    let (pending, oldest): (i64, Option<DateTime<Utc>>) = sqlx::query_as(
+        "SELECT
+             (SELECT count(*) FROM (SELECT 1 FROM pubsub_outbox WHERE published_at IS NULL LIMIT $2) s),
+             (SELECT min(created_at) FROM (
+                  SELECT created_at FROM pubsub_outbox
+                  WHERE published_at IS NULL AND next_attempt_at <= $1
+                  ORDER BY next_attempt_at, id LIMIT 1000) d)",
+    )
+    .bind(now)
+    .bind(cap)
+    .fetch_one(&mut *conn)
+    .await
+    .context("reading the pubsub_outbox backlog")?;
+    let oldest_due_age_secs =
+        oldest.map_or(0.0, |t| (now - t).num_milliseconds().max(0) as f64 / 1000.0);
+    Ok(Backlog { pending, pending_capped: pending >= cap, oldest_due_age_secs })
+}
+
+/// Reads one row by id (operators and tests).
+pub async fn get(conn: &mut PgConnection, id: i64) -> Result<Option<OutboxRow>> {
+    type Row = (
+        i64, String, Option<String>, String, Vec<u8>, sqlx::types::Json<Attributes>, i32, DateTime<Utc>,
+        Option<DateTime<Utc>>, Option<String>, Option<String>, DateTime<Utc>,
+    );
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT id, topic, ordering_key, dedupe_key, payload, attributes, attempts, created_at,
+                published_at, pubsub_message_id, last_error, next_attempt_at
+         FROM pubsub_outbox WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(&mut *conn)
+    .await
+    .context("reading a pubsub_outbox row")?;
+    Ok(row.map(|r| OutboxRow {
+        message: into_claimed((r.0, r.1, r.2, r.3, r.4, r.5, r.6, r.7)),
+        published_at: r.8,
+        pubsub_message_id: r.9,
+        last_error: r.10,
+        next_attempt_at: r.11,
+    }))
+}
+
+/// A whole outbox row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxRow {
+    /// The message columns.
+    pub message: ClaimedMessage,
+    /// When it was published (retained rows only).
+    pub published_at: Option<DateTime<Utc>>,
+    /// Pub/Sub's message id (retained rows only).
+    pub pubsub_message_id: Option<String>,
+    /// Why the last attempt failed.
+    pub last_error: Option<String>,
+    /// When it is due.
+    pub next_attempt_at: DateTime<Utc>,
+}
+

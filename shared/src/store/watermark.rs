@@ -1,0 +1,83 @@
+//! `producer_watermark`: how far each producer stream has enqueued.
+//!
+//! The cursor is `(UNIX microseconds, tie-breaker)`, compared as a tuple, so rows sharing a
+//! timestamp are never lost at a page boundary. [`lock`] serialises overlapping executions of one
+//! stream; [`advance`] never moves the cursor backwards.
+
+use sqlx::PgConnection;
+
+use crate::error::{DbContext, Result};
+
+/// A position in a stream: everything at or before it is enqueued.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Cursor {
+    /// Timestamp column value, UNIX microseconds.
+    pub micros: i64,
+    /// Unique tie-breaker column value, as text.
+    pub key: String,
+}
+
+/// Reads the stored cursor of `stream` (None: never run).
+pub async fn get(conn: &mut PgConnection, stream: &str) -> Result<Option<Cursor>> {
+    let row: Option<(i64, String)> =
+        sqlx::query_as("SELECT cursor_micros, cursor_key FROM producer_watermark WHERE stream = $1")
+            .bind(stream)
+            .fetch_optional(&mut *conn)
+            .await
+            .context("reading producer_watermark")?;
+    Ok(row.map(|(micros, key)| Cursor { micros, key }))
+}
+
+/// Takes the stream's run lock for the rest of the caller's *session* (not transaction):
+/// `wait = false` returns whether it was free; `wait = true` blocks until it is.
+/// Released by [`unlock`] or when the connection closes (a crashed run frees it).
+pub async fn lock(conn: &mut PgConnection, stream: &str, wait: bool) -> Result<bool> {
+    let sql = if wait {
+        "SELECT true FROM (SELECT pg_advisory_lock(hashtextextended('producer:' || $1, 0))) l"
+    } else {
+        "SELECT pg_try_advisory_lock(hashtextextended('producer:' || $1, 0))"
+    };
+    sqlx::query_scalar(sql)
+        .bind(stream)
+        .fetch_one(&mut *conn)
+        .await
+        .context("taking the producer stream lock")
+}
+
+/// Releases the lock taken by [`lock`].
+pub async fn unlock(conn: &mut PgConnection, stream: &str) -> Result<()> {
+    sqlx::query("SELECT pg_advisory_unlock(hashtextextended('producer:' || $1, 0))")
+        .bind(stream)
+        .execute(&mut *conn)
+        .await
+        .context("releasing the producer stream lock")?;
+    Ok(())
+}
+
+/// Moves the stream's cursor forward to `to` (never backwards) in the caller's transaction.
+/// Returns the stored cursor afterwards.
+pub async fn advance(conn: &mut PgConnection, stream: &str, to: &Cursor, run_id: i64) -> Result<Cursor> {
+    let row: Option<(i64, String)> = sqlx::query_as(
+        "INSERT INTO producer_watermark AS w (stream, cursor_micros, cursor_key, run_id)
+         VALUES ($1, $2, $3, $4)
+         ON CONFLICT (stream) DO UPDATE SET
+             cursor_micros = EXCLUDED.cursor_micros, cursor_key = EXCLUDED.cursor_key,
+             run_id = EXCLUDED.run_id, updated_at = now()
+         -- Defence in depth behind the run lock: never move the timestamp backwards. (The key is
+         -- compared by the stream's query in BigQuery's own type, so it is not compared here.)
+         WHERE w.cursor_micros <= EXCLUDED.cursor_micros
+         RETURNING cursor_micros, cursor_key",
+    )
+    .bind(stream)
+    .bind(to.micros)
+    .bind(&to.key)
+    .bind(run_id)
+    .fetch_optional(&mut *conn)
+    .await
+    .context("advancing producer_watermark")?;
+    match row {
+        Some((micros, key)) => Ok(Cursor { micros, key }),
+        // Someone stored a later cursor: keep it, report it.
+        None => Ok(get(conn, stream).await?.unwrap_or_else(|| to.clone())),
+    }
+}

@@ -1,0 +1,119 @@
+//! Logging: `text` for people, `json` for Cloud Logging (one object per line with `severity`,
+//! `time`, `message`, `target`, the event's fields and the span names).
+
+use std::fmt;
+
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::registry::LookupSpan;
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line with a Cloud Logging `severity`.
+    Json,
+}
+
+/// Logging settings shared by both binaries.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TelemetryArgs {
+    /// Log format: text (people) or json (Cloud Logging / GKE / Cloud Run).
+    #[arg(long, env = "OUTBOX_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// Log filter in tracing's EnvFilter syntax (e.g. "info,outbox_dispatcher=debug").
+    #[arg(long, env = "OUTBOX_LOG", default_value = "info")]
+    pub log_filter: String,
+}
+
+/// Installs the global subscriber. Safe to call more than once (later calls do nothing), so tests
+/// can call it freely.
+pub fn init(args: &TelemetryArgs) {
+    let filter = EnvFilter::try_new(&args.log_filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match args.log_format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.event_format(CloudJson).try_init(),
+    };
+}
+
+/// Cloud Logging's severity names.
+fn severity(level: &Level) -> &'static str {
+    match *level {
+        Level::ERROR => "ERROR",
+        Level::WARN => "WARNING",
+        Level::INFO => "INFO",
+        Level::DEBUG | Level::TRACE => "DEBUG",
+    }
+}
+
+/// A JSON event formatter with Cloud Logging's field names.
+#[derive(Debug, Clone, Copy)]
+pub struct CloudJson;
+
+impl<S, N> FormatEvent<S, N> for CloudJson
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
+        let meta = event.metadata();
+        let mut fields = JsonFields(serde_json::Map::new());
+        fields.0.insert("severity".into(), severity(meta.level()).into());
+        fields.0.insert(
+            "time".into(),
+            chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true).into(),
+        );
+        fields.0.insert("target".into(), meta.target().into());
+        event.record(&mut fields);
+        if let Some(scope) = ctx.event_scope() {
+            let spans: Vec<&str> = scope.from_root().map(|s| s.name()).collect();
+            if !spans.is_empty() {
+                fields.0.insert("spans".into(), spans.join(":").into());
+            }
+        }
+        writeln!(writer, "{}", serde_json::Value::Object(fields.0))
+    }
+}
+
+struct JsonFields(serde_json::Map<String, serde_json::Value>);
+
+impl Visit for JsonFields {
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}").into());
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.into());
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.0.insert(field.name().to_owned(), value.into());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.insert(field.name().to_owned(), value.into());
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.0.insert(field.name().to_owned(), value.into());
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.0.insert(field.name().to_owned(), value.into());
+    }
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        self.0.insert(field.name().to_owned(), value.to_string().into());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::severity;
+    use tracing::Level;
+
+    #[test]
+    fn levels_map_to_cloud_logging_severities() {
+        assert_eq!(severity(&Level::WARN), "WARNING");
+        assert_eq!(severity(&Level::TRACE), "DEBUG");
+    }
+}

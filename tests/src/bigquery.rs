@@ -1,0 +1,1 @@
+//! bqemulator helpers (dataset/table creation, row inserts).

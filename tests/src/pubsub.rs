@@ -1,0 +1,149 @@
+//! A topic and subscription per test on the Pub/Sub emulator, and pulling everything back.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use google_cloud_pubsub::client::{Subscriber, SubscriptionAdmin, TopicAdmin};
+
+use crate::env;
+
+/// A message as a subscriber received it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Received {
+    /// Message data.
+    pub data: Vec<u8>,
+    /// Attributes.
+    pub attributes: HashMap<String, String>,
+    /// Ordering key ("" when none).
+    pub ordering_key: String,
+    /// Pub/Sub's message id.
+    pub message_id: String,
+}
+
+impl Received {
+    /// The dedupe attribute (default name).
+    pub fn dedupe_key(&self) -> &str {
+        self.attributes.get("dedupe_key").map_or("", String::as_str)
+    }
+}
+
+/// The emulator endpoint as an http URL.
+pub fn endpoint() -> String {
+    format!("http://{}", env::pubsub_emulator_host())
+}
+
+fn anonymous() -> google_cloud_auth::credentials::Credentials {
+    google_cloud_auth::credentials::anonymous::Builder::new().build()
+}
+
+/// A topic with one subscription, deleted on drop.
+#[derive(Debug)]
+pub struct TestTopic {
+    /// Full topic name.
+    pub topic: String,
+    /// Full subscription name.
+    pub subscription: String,
+}
+
+impl TestTopic {
+    /// Creates a topic and a subscription (message ordering enabled when `ordered`).
+    pub async fn new(ordered: bool) -> Self {
+        let project = env::pubsub_project();
+        let topic = format!("projects/{project}/topics/{}", env::unique_name("t"));
+        let subscription = format!("projects/{project}/subscriptions/{}", env::unique_name("s"));
+        create_topic(&topic).await;
+        let subs = SubscriptionAdmin::builder()
+            .with_endpoint(endpoint())
+            .with_credentials(anonymous())
+            .build()
+            .await
+            .expect("subscription admin client builds");
+        subs.create_subscription()
+            .set_name(&subscription)
+            .set_topic(&topic)
+            .set_ack_deadline_seconds(60)
+            .set_enable_message_ordering(ordered)
+            .send()
+            .await
+            .expect("the emulator creates the subscription (run `scripts/services up`)");
+        Self { topic, subscription }
+    }
+
+    /// Pulls until `expected` messages arrived or nothing new came for `quiet`; acks everything.
+    /// Returns the messages in delivery order.
+    pub async fn pull(&self, expected: usize, quiet: Duration) -> Vec<Received> {
+        pull(&self.subscription, expected, quiet).await
+    }
+}
+
+impl Drop for TestTopic {
+    fn drop(&mut self) {
+        let topic = self.topic.clone();
+        let subscription = self.subscription.clone();
+        let handle = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+                return;
+            };
+            rt.block_on(async move {
+                // The emulator keeps unconsumed messages in memory: always delete what we made.
+                if let Ok(subs) =
+                    SubscriptionAdmin::builder().with_endpoint(endpoint()).with_credentials(anonymous()).build().await
+                {
+                    let _ = subs.delete_subscription().set_subscription(&subscription).send().await;
+                }
+                if let Ok(topics) =
+                    TopicAdmin::builder().with_endpoint(endpoint()).with_credentials(anonymous()).build().await
+                {
+                    let _ = topics.delete_topic().set_topic(&topic).send().await;
+                }
+            });
+        });
+        let _ = handle.join();
+    }
+}
+
+/// Creates a topic (full name) on the emulator.
+pub async fn create_topic(topic: &str) {
+    let topics = TopicAdmin::builder()
+        .with_endpoint(endpoint())
+        .with_credentials(anonymous())
+        .build()
+        .await
+        .expect("topic admin client builds");
+    topics
+        .create_topic()
+        .set_name(topic)
+        .send()
+        .await
+        .expect("the emulator creates the topic (run `scripts/services up`)");
+}
+
+/// Pulls from `subscription` until `expected` messages arrived or nothing new came for `quiet`.
+pub async fn pull(subscription: &str, expected: usize, quiet: Duration) -> Vec<Received> {
+    let client = Subscriber::builder()
+        .with_endpoint(endpoint())
+        .with_credentials(anonymous())
+        .build()
+        .await
+        .expect("subscriber client builds");
+    let mut stream = client.subscribe(subscription).set_max_outstanding_messages(10_000i64).build();
+    let mut out = Vec::new();
+    while out.len() < expected {
+        match tokio::time::timeout(quiet, stream.next()).await {
+            Ok(Some(Ok((msg, handler)))) => {
+                handler.ack();
+                out.push(Received {
+                    data: msg.data.to_vec(),
+                    attributes: msg.attributes,
+                    ordering_key: msg.ordering_key,
+                    message_id: msg.message_id,
+                });
+            }
+            Ok(Some(Err(e))) => panic!("pulling from {subscription} failed: {e}"),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    // Give the acks a moment to reach the emulator before the stream is dropped.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    out
+}

@@ -1,0 +1,6 @@
+//! The one integration-test binary: every test runs against real PostgreSQL, the Pub/Sub emulator
+//! and bqemulator (start them with `scripts/services up`).
+
+mod dispatcher;
+mod foundation;
+mod producer;
