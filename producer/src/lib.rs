@@ -1,1 +1,107 @@
-//! placeholder
+//! pubsub-outbox producer: a batch job that enqueues new BigQuery rows into `pubsub_outbox`,
+//! exactly once per source row, across reruns, crashes, retries and overlapping executions.
+//!
+//! Layout (data flows top to bottom):
+//! - [`cli`]: flags and env (clap); [`config`]: the streams file (TOML), validated on load.
+//! - [`job`]: one execution: this Cloud Run task's streams, run in turn ([`job::run_job`]).
+//! - [`run`]: one stream's run: lock, watermark, query, one transaction per page
+//!   ([`run::run_stream`]; the exactly-once argument is in its module doc). [`dry_run`]: the same
+//!   without writing.
+//! - [`bigquery`]: the only code calling BigQuery: the [`bigquery::Api`] seam and the paging loop.
+//! - [`mapping`]: a result row → a message or a rejection; [`value`]: BigQuery cells → JSON;
+//!   [`decimal`]: exact NUMERIC and TIMESTAMP text; [`cursor`]: the typed stream position.
+//! - [`report`]: summaries, progress, exit code; [`errors`]: what failed and what to do.
+//!
+//! All SQL lives in `outbox_shared::store` (outbox, dead_letter, watermark, run_ledger, notify).
+
+pub mod bigquery;
+pub mod cli;
+pub mod config;
+pub mod cursor;
+pub mod decimal;
+mod dry_run;
+pub mod errors;
+pub mod job;
+pub mod mapping;
+pub mod report;
+pub mod run;
+pub mod value;
+
+use outbox_shared::shutdown::Shutdown;
+
+pub use cli::{Cli, Command};
+pub use config::{LoadOptions, StreamsConfig};
+pub use errors::{ConfigError, Error};
+pub use job::{OnOverlap, Settings, run_job, select_streams};
+pub use report::{JobReport, StreamOutcome, StreamSummary};
+pub use run::run_stream;
+
+/// Why the job could not start (no stream ran).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartupError {
+    /// The streams file or the stream selection is invalid (exit code 2).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// PostgreSQL is unreachable or the migrations failed.
+    #[error(transparent)]
+    Database(#[from] outbox_shared::Error),
+    /// The BigQuery client could not be built.
+    #[error(
+        "{0}. Check --bigquery-endpoint / --bigquery-credentials (GOOGLE_APPLICATION_CREDENTIALS)"
+    )]
+    BigQuery(#[from] bigquery::ApiError),
+}
+
+impl StartupError {
+    /// 2 for an invalid config (retrying cannot help), 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Config(_) => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// `producer run`: load and check the streams file, connect, run this task's streams.
+pub async fn execute(cli: &Cli, shutdown: &Shutdown) -> Result<JobReport, StartupError> {
+    let settings = cli.settings();
+    let options = LoadOptions {
+        pubsub_project: settings.pubsub_project.clone(),
+        dedupe_attribute: settings.dedupe_attribute.clone(),
+    };
+    let config = StreamsConfig::load(&cli.run.config, &options)?;
+    if cli.bigquery.bigquery_project.is_empty() {
+        return Err(ConfigError::new(
+            "--bigquery-project",
+            vec!["set --bigquery-project or BIGQUERY_PROJECT_ID".into()],
+        )
+        .into());
+    }
+    let streams = select_streams(&config, &settings)?;
+    let pool = outbox_shared::db::connect(&cli.database, "pubsub-outbox-producer").await?;
+    if cli.run.migrate {
+        outbox_shared::db::migrate(&pool).await?;
+    }
+    let client = bigquery::connect(
+        cli.bigquery.bigquery_endpoint.as_deref(),
+        cli.bigquery.bigquery_credentials,
+    )
+    .await?;
+    let bq = bigquery::BigQuery::new(
+        client,
+        cli.bigquery.bigquery_project.clone(),
+        cli.timeouts(),
+    );
+    let report = run_job(&pool, &bq, &streams, &settings, shutdown).await;
+    pool.close().await;
+    Ok(report)
+}
+
+/// `producer migrate`.
+pub async fn migrate(cli: &Cli) -> Result<(), StartupError> {
+    let pool = outbox_shared::db::connect(&cli.database, "pubsub-outbox-migrate").await?;
+    outbox_shared::db::migrate(&pool).await?;
+    pool.close().await;
+    Ok(())
+}

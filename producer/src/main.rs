@@ -1,1 +1,44 @@
-fn main() {}
+//! The producer binary: parse configuration, start telemetry, hand over to the library.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use outbox_producer::{Cli, Command};
+use outbox_shared::telemetry::LogFormat;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    outbox_shared::telemetry::init(&cli.telemetry);
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Migrate => match outbox_producer::migrate(&cli).await {
+            Ok(()) => {
+                tracing::info!("migrations applied");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&cli, &e.to_string(), e.exit_code()),
+        },
+        Command::Run => {
+            let shutdown = outbox_shared::shutdown::on_signals();
+            match outbox_producer::execute(&cli, &shutdown).await {
+                Ok(report) => {
+                    // Logs (stderr) carry the summaries; the table is for people at a terminal.
+                    if cli.telemetry.log_format == LogFormat::Text {
+                        print!("{}", report.render());
+                    }
+                    ExitCode::from(report.exit_code())
+                }
+                Err(e) => fail(&cli, &e.to_string(), e.exit_code()),
+            }
+        }
+    }
+}
+
+/// Reports a start-up failure once: a JSON log line for Cloud Logging, plain text for people.
+fn fail(cli: &Cli, message: &str, code: u8) -> ExitCode {
+    match cli.telemetry.log_format {
+        LogFormat::Json => tracing::error!(error = message, "producer failed"),
+        LogFormat::Text => eprintln!("error: {message}"),
+    }
+    ExitCode::from(code)
+}

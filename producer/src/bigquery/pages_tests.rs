@@ -1,0 +1,250 @@
+//! The paging loop against a scripted fake of the two REST calls.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use gcp_bigquery_client::model::get_query_results_response::GetQueryResultsResponse;
+use gcp_bigquery_client::model::job_reference::JobReference;
+use gcp_bigquery_client::model::table_cell::TableCell;
+use gcp_bigquery_client::model::table_field_schema::TableFieldSchema;
+use serde_json::json;
+
+use super::*;
+
+/// Answers calls from a script, recording the page tokens it was asked for.
+#[derive(Default)]
+struct Fake {
+    query: Mutex<VecDeque<Result<QueryResponse, ApiError>>>,
+    results: Mutex<VecDeque<Result<GetQueryResultsResponse, ApiError>>>,
+    tokens_asked: Mutex<Vec<Option<String>>>,
+}
+
+impl Api for Fake {
+    async fn query(
+        &self,
+        _project: &str,
+        _request: QueryRequest,
+    ) -> Result<QueryResponse, ApiError> {
+        self.query
+            .lock()
+            .expect("lock")
+            .pop_front()
+            .expect("an unscripted jobs.query call")
+    }
+
+    async fn get_query_results(
+        &self,
+        _project: &str,
+        _job_id: &str,
+        params: GetQueryResultsParameters,
+    ) -> Result<GetQueryResultsResponse, ApiError> {
+        self.tokens_asked
+            .lock()
+            .expect("lock")
+            .push(params.page_token);
+        self.results
+            .lock()
+            .expect("lock")
+            .pop_front()
+            .expect("an unscripted getQueryResults call")
+    }
+}
+
+fn schema() -> TableSchema {
+    TableSchema::new(vec![TableFieldSchema::integer("id")])
+}
+
+fn rows(ids: &[i64]) -> Vec<TableRow> {
+    ids.iter()
+        .map(|i| TableRow {
+            columns: Some(vec![TableCell {
+                value: Some(json!(i.to_string())),
+            }]),
+        })
+        .collect()
+}
+
+fn job() -> Option<JobReference> {
+    Some(JobReference {
+        job_id: Some("job_1".into()),
+        location: Some("EU".into()),
+        project_id: None,
+    })
+}
+
+fn complete(ids: &[i64], token: Option<&str>) -> GetQueryResultsResponse {
+    GetQueryResultsResponse {
+        job_complete: Some(true),
+        job_reference: job(),
+        schema: Some(schema()),
+        rows: Some(rows(ids)),
+        page_token: token.map(str::to_owned),
+        total_bytes_processed: Some("1234".into()),
+        ..Default::default()
+    }
+}
+
+fn incomplete() -> GetQueryResultsResponse {
+    GetQueryResultsResponse {
+        job_complete: Some(false),
+        job_reference: job(),
+        ..Default::default()
+    }
+}
+
+fn spec() -> QuerySpec {
+    QuerySpec {
+        query: "SELECT 1".into(),
+        params: vec![],
+        location: None,
+        maximum_bytes_billed: None,
+        page_size: 2,
+    }
+}
+
+fn fast() -> Timeouts {
+    Timeouts {
+        request: Duration::from_secs(5),
+        job: Duration::from_secs(5),
+        poll: Duration::from_millis(1),
+        retries: 3,
+    }
+}
+
+async fn collect(bq: &BigQuery<Fake>) -> Result<(Vec<Vec<i64>>, Option<i64>), PagesError> {
+    let mut pages = bq.open(&spec()).await?;
+    let mut out = Vec::new();
+    while let Some(page) = pages.next_page().await? {
+        out.push(
+            page.iter()
+                .map(|r| {
+                    r.columns.as_ref().expect("cells")[0]
+                        .value
+                        .as_ref()
+                        .expect("v")
+                        .as_str()
+                        .expect("s")
+                        .parse()
+                        .expect("i64")
+                })
+                .collect(),
+        );
+    }
+    Ok((out, pages.bytes_processed()))
+}
+
+#[tokio::test]
+async fn pages_are_read_in_order_following_page_tokens() {
+    let fake = Fake::default();
+    fake.query
+        .lock()
+        .expect("lock")
+        .push_back(Ok(complete(&[1, 2], Some("t2")).into()));
+    fake.results
+        .lock()
+        .expect("lock")
+        .extend([Ok(complete(&[3, 4], Some("t3"))), Ok(complete(&[5], None))]);
+    let bq = BigQuery::new(fake, "p", fast());
+    let (pages, bytes) = collect(&bq).await.expect("all pages read");
+    assert_eq!(pages, vec![vec![1, 2], vec![3, 4], vec![5]]);
+    assert_eq!(bytes, Some(1234));
+    assert_eq!(
+        *bq.api.tokens_asked.lock().expect("lock"),
+        vec![Some("t2".to_owned()), Some("t3".to_owned())]
+    );
+}
+
+#[tokio::test]
+async fn an_incomplete_job_is_polled_until_it_completes() {
+    let fake = Fake::default();
+    let pending: QueryResponse = incomplete().into();
+    fake.query.lock().expect("lock").push_back(Ok(pending));
+    fake.results.lock().expect("lock").extend([
+        Ok(incomplete()),
+        Ok(incomplete()),
+        Ok(complete(&[7], None)),
+    ]);
+    let bq = BigQuery::new(fake, "p", fast());
+    let (pages, _) = collect(&bq).await.expect("result read after polling");
+    assert_eq!(pages, vec![vec![7]]);
+    assert_eq!(
+        bq.api.tokens_asked.lock().expect("lock").len(),
+        3,
+        "polled until complete, no page token yet"
+    );
+}
+
+#[tokio::test]
+async fn transient_failures_are_retried_and_refusals_are_not() {
+    let fake = Fake::default();
+    fake.query
+        .lock()
+        .expect("lock")
+        .push_back(Ok(complete(&[1], Some("t2")).into()));
+    fake.results
+        .lock()
+        .expect("lock")
+        .extend([Err(ApiError::transient("503")), Ok(complete(&[2], None))]);
+    let bq = BigQuery::new(fake, "p", fast());
+    assert_eq!(
+        collect(&bq).await.expect("retried").0,
+        vec![vec![1], vec![2]]
+    );
+
+    let fake = Fake::default();
+    fake.query
+        .lock()
+        .expect("lock")
+        .push_back(Err(ApiError::refused("Syntax error")));
+    let bq = BigQuery::new(fake, "p", fast());
+    assert_eq!(
+        collect(&bq).await.expect_err("refused"),
+        PagesError::Query("Syntax error".into())
+    );
+}
+
+#[tokio::test]
+async fn errors_inside_a_successful_answer_fail_the_query() {
+    let fake = Fake::default();
+    let failed = QueryResponse {
+        job_complete: Some(true),
+        job_reference: job(),
+        schema: Some(TableSchema::new(vec![])),
+        rows: Some(vec![]),
+        errors: Some(vec![ErrorProto {
+            reason: Some("invalidQuery".into()),
+            message: Some("Unrecognized name: nope".into()),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    fake.query.lock().expect("lock").push_back(Ok(failed));
+    let bq = BigQuery::new(fake, "p", fast());
+    assert_eq!(
+        collect(&bq).await.expect_err("query error"),
+        PagesError::Query("Unrecognized name: nope (invalidQuery)".into())
+    );
+}
+
+#[tokio::test]
+async fn a_job_that_never_completes_times_out() {
+    let fake = Fake::default();
+    fake.query
+        .lock()
+        .expect("lock")
+        .push_back(Ok(incomplete().into()));
+    fake.results
+        .lock()
+        .expect("lock")
+        .extend((0..1000).map(|_| Ok(incomplete())));
+    let timeouts = Timeouts {
+        job: Duration::from_millis(30),
+        ..fast()
+    };
+    let bq = BigQuery::new(fake, "p", timeouts);
+    let err = collect(&bq).await.expect_err("times out");
+    assert!(
+        matches!(&err, PagesError::Request(m) if m.contains("did not complete")),
+        "{err}"
+    );
+}

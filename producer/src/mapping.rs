@@ -1,0 +1,415 @@
+//! One result row → one message (or a rejection), as a stream's config says.
+//!
+//! [`Mapper::new`] resolves every configured column against the query's result schema once, on
+//! the first page and before anything is written: an unknown column or a wrong type fails the run
+//! naming the stream and the column. [`Mapper::map_row`] then produces:
+//! - the row's cursor [`Position`] (a NULL or malformed cursor cell fails the run: it cannot be
+//!   ordered, so it could be lost);
+//! - a [`NewMessage`], or a [`Rejection`] when the message can never be published (Pub/Sub limits,
+//!   a NULL dedupe column, no usable topic). Rejections go to the dead-letter table, not the outbox.
+//!
+//! Dedupe key: `<stream>:<value>[:<value>…]` from the configured columns' text, with `%` and `:`
+//! percent-escaped in values so different rows never join to the same key. Stable across reruns
+//! as long as the column values are.
+
+use gcp_bigquery_client::model::field_type::FieldType;
+use gcp_bigquery_client::model::table_field_schema::TableFieldSchema;
+use gcp_bigquery_client::model::table_row::TableRow;
+use gcp_bigquery_client::model::table_schema::TableSchema;
+use outbox_shared::NewMessage;
+use outbox_shared::limits::check_publishable;
+use outbox_shared::message::{Attributes, full_topic_name};
+use outbox_shared::store::dead_letter::Rejection;
+use serde_json::{Map, Value};
+
+use crate::config::{KeyType, PayloadSpec, Stream, TopicSpec};
+use crate::cursor::{Key, Position};
+use crate::errors::Error;
+use crate::value::{as_text, cell_to_json, decode_base64, type_name};
+
+/// A mapped row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MappedRow {
+    /// Where the row is in the stream.
+    pub position: Position,
+    /// The message, or why it can never be published.
+    pub outcome: Result<NewMessage, Rejection>,
+}
+
+/// A stream's mapping, resolved against a result schema.
+#[derive(Debug)]
+pub struct Mapper<'s> {
+    stream: &'s Stream,
+    fields: Vec<TableFieldSchema>,
+    timestamp: usize,
+    key: usize,
+    dedupe: Vec<usize>,
+    topic_column: Option<usize>,
+    ordering: Option<usize>,
+    attributes: Vec<(String, usize)>,
+    payload: Payload,
+    dedupe_attribute: String,
+    pubsub_project: String,
+}
+
+#[derive(Debug)]
+enum Payload {
+    Object(Vec<usize>),
+    Bytes(usize),
+    Text(usize),
+}
+
+impl<'s> Mapper<'s> {
+    /// Resolves the stream's columns in `schema`.
+    pub fn new(
+        stream: &'s Stream,
+        schema: &TableSchema,
+        dedupe_attribute: &str,
+        pubsub_project: &str,
+    ) -> Result<Self, Error> {
+        let fields = schema.fields.clone().unwrap_or_default();
+        let find = |column: &str, usage: &str| find_column(stream, &fields, column, usage);
+        let timestamp = find(&stream.cursor.timestamp_column, "cursor.timestamp_column")?;
+        expect_type(
+            stream,
+            &fields[timestamp],
+            "cursor.timestamp_column",
+            &[FieldType::Integer, FieldType::Int64],
+            "INT64",
+            "Select the cursor as UNIX_MICROS(<timestamp column>) AS <name>: real BigQuery sends TIMESTAMP as float seconds, which can drop microseconds",
+        )?;
+        let key = find(&stream.cursor.key_column, "cursor.key_column")?;
+        match stream.cursor.key_type {
+            KeyType::Int64 => expect_type(
+                stream,
+                &fields[key],
+                "cursor.key_column",
+                &[FieldType::Integer, FieldType::Int64],
+                "INT64",
+                "Set cursor.key_type to the column's type (INT64 or STRING), or CAST it in the query",
+            )?,
+            KeyType::String => expect_type(
+                stream,
+                &fields[key],
+                "cursor.key_column",
+                &[FieldType::String],
+                "STRING",
+                "Set cursor.key_type to the column's type (INT64 or STRING), or CAST it in the query",
+            )?,
+        }
+        let dedupe = stream
+            .dedupe_key
+            .iter()
+            .map(|c| find(c, "dedupe_key"))
+            .collect::<Result<_, _>>()?;
+        let topic_column = match &stream.topic {
+            TopicSpec::Fixed(_) => None,
+            TopicSpec::Column(c) => Some(find(c, "topic_column")?),
+        };
+        let ordering = stream
+            .ordering_key_column
+            .as_deref()
+            .map(|c| find(c, "ordering_key_column"))
+            .transpose()?;
+        let attributes = stream
+            .attribute_columns
+            .iter()
+            .map(|(name, c)| {
+                Ok((
+                    name.clone(),
+                    find(c, &format!("attributes.columns.{name}"))?,
+                ))
+            })
+            .collect::<Result<_, Error>>()?;
+        let payload = match &stream.payload {
+            PayloadSpec::Columns(cols) => Payload::Object(
+                cols.iter()
+                    .map(|c| find(c, "payload.columns"))
+                    .collect::<Result<_, _>>()?,
+            ),
+            PayloadSpec::Raw(c) => {
+                let i = find(c, "payload.raw_column")?;
+                let repeated = fields[i]
+                    .mode
+                    .as_deref()
+                    .is_some_and(|m| m.eq_ignore_ascii_case("REPEATED"));
+                match fields[i].r#type {
+                    FieldType::Bytes if !repeated => Payload::Bytes(i),
+                    FieldType::String if !repeated => Payload::Text(i),
+                    _ => {
+                        return Err(column_type(
+                            stream,
+                            &fields[i],
+                            "payload.raw_column",
+                            "BYTES or STRING",
+                            "Use payload.columns for a JSON object, or TO_JSON_STRING(...) in the query",
+                        ));
+                    }
+                }
+            }
+        };
+        Ok(Self {
+            stream,
+            fields,
+            timestamp,
+            key,
+            dedupe,
+            topic_column,
+            ordering,
+            attributes,
+            payload,
+            dedupe_attribute: dedupe_attribute.to_owned(),
+            pubsub_project: pubsub_project.to_owned(),
+        })
+    }
+
+    /// Maps one row. Errors only for rows that cannot be placed or read (see the module doc).
+    pub fn map_row(&self, row: &TableRow) -> Result<MappedRow, Error> {
+        let cells = row.columns.as_deref().unwrap_or_default();
+        if cells.len() != self.fields.len() {
+            return Err(self.bad(format!(
+                "a row has {} cells but the schema has {} columns",
+                cells.len(),
+                self.fields.len()
+            )));
+        }
+        let raw = |i: usize| cells[i].value.as_ref().unwrap_or(&Value::Null);
+        let json =
+            |i: usize| cell_to_json(&self.fields[i], raw(i)).map_err(|e| self.bad(e.to_string()));
+        let position = self.position(raw(self.timestamp), raw(self.key))?;
+
+        let mut attributes = Attributes::new();
+        for (name, i) in &self.attributes {
+            if let Some(v) = as_text(&json(*i)?) {
+                attributes.insert(name.clone(), v);
+            }
+        }
+        attributes.extend(
+            self.stream
+                .fixed_attributes
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
+        let ordering_key = match self.ordering {
+            Some(i) => as_text(&json(i)?).filter(|k| !k.is_empty()),
+            None => None,
+        };
+        let payload = match &self.payload {
+            Payload::Object(cols) => {
+                let mut object = Map::new();
+                for &i in cols {
+                    object.insert(self.fields[i].name.clone(), json(i)?);
+                }
+                serde_json::to_vec(&Value::Object(object))
+                    .map_err(|e| self.bad(format!("encoding the payload: {e}")))?
+            }
+            Payload::Bytes(i) => match raw(*i) {
+                Value::Null => Vec::new(),
+                Value::String(b64) => decode_base64(b64).ok_or_else(|| {
+                    self.bad(format!(
+                        "column `{}` is not valid base64 BYTES",
+                        self.fields[*i].name
+                    ))
+                })?,
+                other => {
+                    return Err(self.bad(format!(
+                        "column `{}`: expected BYTES, got {other}",
+                        self.fields[*i].name
+                    )));
+                }
+            },
+            Payload::Text(i) => as_text(&json(*i)?).unwrap_or_default().into_bytes(),
+        };
+        let mut dedupe_parts = Vec::with_capacity(self.dedupe.len());
+        let mut missing = None;
+        for &i in &self.dedupe {
+            match as_text(&json(i)?) {
+                Some(v) => dedupe_parts.push(escape(&v)),
+                None => missing = missing.or(Some(self.fields[i].name.clone())),
+            }
+        }
+        let dedupe_key = format!("{}:{}", self.stream.name, dedupe_parts.join(":"));
+        let (topic, topic_problem) = self.topic(&json)?;
+        let mut message = NewMessage {
+            topic,
+            ordering_key,
+            dedupe_key,
+            payload,
+            attributes,
+        };
+        let reason = if let Some(column) = missing {
+            // The dead-letter table needs a unique key: derive one from the cursor (unique, stable).
+            message.dedupe_key = format!(
+                "{}:missing-dedupe-key:{}:{}",
+                self.stream.name,
+                position.micros,
+                escape(&position.key.to_string())
+            );
+            Some(format!(
+                "dedupe key column `{column}` is NULL; every message needs a stable dedupe key"
+            ))
+        } else if let Some(problem) = topic_problem {
+            Some(problem)
+        } else {
+            check_publishable(
+                &message.payload,
+                &message.attributes,
+                message.ordering_key.as_deref(),
+                &self.dedupe_attribute,
+                &message.dedupe_key,
+            )
+            .err()
+            .map(|v| v.to_string())
+        };
+        let outcome = match reason {
+            None => Ok(message),
+            Some(reason) => Err(Rejection { message, reason }),
+        };
+        Ok(MappedRow { position, outcome })
+    }
+
+    fn position(&self, ts: &Value, key: &Value) -> Result<Position, Error> {
+        let ts_name = &self.fields[self.timestamp].name;
+        let key_name = &self.fields[self.key].name;
+        let micros = ts
+            .as_str()
+            .and_then(|s| s.parse::<i64>().ok())
+            .ok_or_else(|| self.bad(format!("cursor column `{ts_name}` is {ts}, expected INT64 microseconds (rows with a NULL cursor cannot be ordered; filter them out in the query)")))?;
+        let key = match (self.stream.cursor.key_type, key) {
+            (KeyType::Int64, Value::String(s)) => s.parse().ok().map(Key::Int),
+            (KeyType::String, Value::String(s)) => Some(Key::Str(s.clone())),
+            _ => None,
+        }
+        .ok_or_else(|| {
+            self.bad(format!(
+                "cursor key column `{key_name}` is {key}, expected a non-NULL {:?}",
+                self.stream.cursor.key_type
+            ))
+        })?;
+        Ok(Position { micros, key })
+    }
+
+    /// The full topic name, plus a rejection reason when the row has no usable topic.
+    fn topic(
+        &self,
+        json: &impl Fn(usize) -> Result<Value, Error>,
+    ) -> Result<(String, Option<String>), Error> {
+        let i = match (&self.stream.topic, self.topic_column) {
+            (TopicSpec::Fixed(topic), _) => return Ok((topic.clone(), None)),
+            (TopicSpec::Column(_), Some(i)) => i,
+            (TopicSpec::Column(c), None) => {
+                return Err(self.bad(format!("topic column `{c}` was not resolved")));
+            }
+        };
+        let column = &self.fields[i].name;
+        let Some(value) = as_text(&json(i)?).filter(|v| !v.is_empty()) else {
+            return Ok((
+                String::new(),
+                Some(format!("topic column `{column}` is NULL or empty")),
+            ));
+        };
+        if !value.starts_with("projects/") && self.pubsub_project.is_empty() {
+            let reason = format!(
+                "topic {value:?} from column `{column}` is a short name and no --pubsub-project is set"
+            );
+            return Ok((value, Some(reason)));
+        }
+        let full = full_topic_name(&self.pubsub_project, &value);
+        let parts: Vec<&str> = full.split('/').collect();
+        let valid = parts.len() == 4
+            && parts[2] == "topics"
+            && !parts[1].is_empty()
+            && !parts[3].is_empty();
+        if !valid {
+            let reason =
+                format!("{full:?} from column `{column}` is not projects/<project>/topics/<topic>");
+            return Ok((full, Some(reason)));
+        }
+        Ok((full, None))
+    }
+
+    fn bad(&self, detail: String) -> Error {
+        Error::BadRow {
+            stream: self.stream.name.clone(),
+            detail,
+        }
+    }
+}
+
+/// `%` → `%25`, `:` → `%3A`: keeps the joined dedupe key unambiguous.
+fn escape(value: &str) -> String {
+    value.replace('%', "%25").replace(':', "%3A")
+}
+
+fn find_column(
+    stream: &Stream,
+    fields: &[TableFieldSchema],
+    column: &str,
+    usage: &str,
+) -> Result<usize, Error> {
+    // BigQuery column names are case-insensitive; prefer an exact match.
+    fields
+        .iter()
+        .position(|f| f.name == column)
+        .or_else(|| {
+            fields
+                .iter()
+                .position(|f| f.name.eq_ignore_ascii_case(column))
+        })
+        .ok_or_else(|| Error::UnknownColumn {
+            stream: stream.name.clone(),
+            column: column.to_owned(),
+            usage: usage.to_owned(),
+            available: fields
+                .iter()
+                .map(|f| format!("`{}`", f.name))
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+}
+
+fn expect_type(
+    stream: &Stream,
+    field: &TableFieldSchema,
+    usage: &str,
+    ok: &[FieldType],
+    expected: &str,
+    hint: &str,
+) -> Result<(), Error> {
+    let repeated = field
+        .mode
+        .as_deref()
+        .is_some_and(|m| m.eq_ignore_ascii_case("REPEATED"));
+    let name = type_name(&field.r#type);
+    if !repeated && ok.iter().any(|t| type_name(t) == name) {
+        return Ok(());
+    }
+    Err(column_type(stream, field, usage, expected, hint))
+}
+
+fn column_type(
+    stream: &Stream,
+    field: &TableFieldSchema,
+    usage: &str,
+    expected: &str,
+    hint: &str,
+) -> Error {
+    let repeated = field
+        .mode
+        .as_deref()
+        .is_some_and(|m| m.eq_ignore_ascii_case("REPEATED"));
+    let found = format!(
+        "{}{}",
+        if repeated { "ARRAY of " } else { "" },
+        type_name(&field.r#type)
+    );
+    Error::ColumnType {
+        stream: stream.name.clone(),
+        column: field.name.clone(),
+        detail: format!("({usage}) is {found}, expected {expected}. {hint}"),
+    }
+}
+
+#[cfg(test)]
+#[path = "mapping_tests.rs"]
+mod tests;
