@@ -22,7 +22,11 @@ pub struct DatabaseArgs {
     #[arg(long = "database-url", env = "DATABASE_URL", hide_env_values = true)]
     pub url: String,
     /// Maximum connections in the pool.
-    #[arg(long = "db-pool-size", env = "OUTBOX_DB_POOL_SIZE", default_value_t = 10)]
+    #[arg(
+        long = "db-pool-size",
+        env = "OUTBOX_DB_POOL_SIZE",
+        default_value_t = 10
+    )]
     pub pool_size: u32,
     /// How long to keep retrying the first connection before giving up.
     #[arg(long = "db-connect-timeout", env = "OUTBOX_DB_CONNECT_TIMEOUT", default_value = "30s",
@@ -32,10 +36,24 @@ pub struct DatabaseArgs {
 
 /// Opens a pool, retrying with backoff for up to `args.connect_timeout`.
 pub async fn connect(args: &DatabaseArgs, application_name: &str) -> Result<PgPool> {
+    connect_with_settings(args, application_name, &[]).await
+}
+
+/// Like [`connect`], with session settings (`SET name = value`) sent at connection start-up, so
+/// they cost no round trip per transaction.
+pub async fn connect_with_settings(
+    args: &DatabaseArgs,
+    application_name: &str,
+    settings: &[(&str, String)],
+) -> Result<PgPool> {
     let masked = mask_url(&args.url);
     let options = PgConnectOptions::from_str(&args.url)
-        .map_err(|source| Error::BadUrl { url: masked.clone(), source })?
-        .application_name(application_name);
+        .map_err(|source| Error::BadUrl {
+            url: masked.clone(),
+            source,
+        })?
+        .application_name(application_name)
+        .options(settings.iter().map(|(k, v)| (*k, v.as_str())));
     let started = Instant::now();
     let attempt = || {
         PgPoolOptions::new()

@@ -21,7 +21,9 @@ pub enum Error {
         source: sqlx::Error,
     },
     /// The DATABASE_URL could not be parsed.
-    #[error("invalid DATABASE_URL {url}: {source}. Expected postgres://user[:password]@host[:port]/database")]
+    #[error(
+        "invalid DATABASE_URL {url}: {source}. Expected postgres://user[:password]@host[:port]/database"
+    )]
     BadUrl {
         /// The URL with any password masked.
         url: String,
@@ -87,7 +89,10 @@ mod tests {
 
     #[test]
     fn masks_only_the_password() {
-        assert_eq!(mask_url("postgres://u:secret@h:5432/db"), "postgres://u:***@h:5432/db");
+        assert_eq!(
+            mask_url("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
         assert_eq!(mask_url("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(mask_url("postgres:///db"), "postgres:///db");
     }

@@ -21,13 +21,17 @@ pub const MAX_ORDERING_KEY_BYTES: usize = 1_024;
 #[non_exhaustive]
 pub enum LimitViolation {
     /// Data plus attributes exceed the message size limit.
-    #[error("message is {size} bytes (data + attributes + ordering key); Pub/Sub accepts at most {MAX_MESSAGE_BYTES}")]
+    #[error(
+        "message is {size} bytes (data + attributes + ordering key); Pub/Sub accepts at most {MAX_MESSAGE_BYTES}"
+    )]
     TooLarge {
         /// The size found.
         size: usize,
     },
     /// Too many attributes (the dedupe attribute counts).
-    #[error("message has {count} attributes (including the dedupe attribute); Pub/Sub accepts at most {MAX_ATTRIBUTES}")]
+    #[error(
+        "message has {count} attributes (including the dedupe attribute); Pub/Sub accepts at most {MAX_ATTRIBUTES}"
+    )]
     TooManyAttributes {
         /// The count found.
         count: usize,
@@ -41,7 +45,9 @@ pub enum LimitViolation {
         len: usize,
     },
     /// An attribute value is too long.
-    #[error("attribute {key:?} has a {len}-byte value; Pub/Sub accepts at most {MAX_ATTRIBUTE_VALUE_BYTES}")]
+    #[error(
+        "attribute {key:?} has a {len}-byte value; Pub/Sub accepts at most {MAX_ATTRIBUTE_VALUE_BYTES}"
+    )]
     AttributeValue {
         /// The key.
         key: String,
@@ -121,19 +127,28 @@ mod tests {
 
     #[test]
     fn a_normal_message_passes() {
-        assert_eq!(check_publishable(b"x", &attrs(3), Some("key"), "dedupe_key", "d1"), Ok(()));
+        assert_eq!(
+            check_publishable(b"x", &attrs(3), Some("key"), "dedupe_key", "d1"),
+            Ok(())
+        );
     }
 
     #[test]
     fn each_limit_is_enforced_at_its_boundary() {
         let at_limit = vec![0u8; MAX_MESSAGE_BYTES - "dedupe_key".len() - 2];
-        assert_eq!(check_publishable(&at_limit, &attrs(0), None, "dedupe_key", "d1"), Ok(()));
+        assert_eq!(
+            check_publishable(&at_limit, &attrs(0), None, "dedupe_key", "d1"),
+            Ok(())
+        );
         let over = vec![0u8; MAX_MESSAGE_BYTES];
         assert!(matches!(
             check_publishable(&over, &attrs(0), None, "dedupe_key", "d1"),
             Err(LimitViolation::TooLarge { .. })
         ));
-        assert_eq!(check_publishable(b"x", &attrs(99), None, "dedupe_key", "d"), Ok(()));
+        assert_eq!(
+            check_publishable(b"x", &attrs(99), None, "dedupe_key", "d"),
+            Ok(())
+        );
         assert_eq!(
             check_publishable(b"x", &attrs(100), None, "dedupe_key", "d"),
             Err(LimitViolation::TooManyAttributes { count: 101 })

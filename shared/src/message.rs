@@ -63,6 +63,9 @@ mod tests {
     #[test]
     fn short_topic_names_get_the_project_prefix() {
         assert_eq!(full_topic_name("p", "t"), "projects/p/topics/t");
-        assert_eq!(full_topic_name("p", "projects/q/topics/t"), "projects/q/topics/t");
+        assert_eq!(
+            full_topic_name("p", "projects/q/topics/t"),
+            "projects/q/topics/t"
+        );
     }
 }

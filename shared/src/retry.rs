@@ -64,13 +64,18 @@ impl RetrySchedule {
     pub fn on_failure(&self, attempts: i32, now: DateTime<Utc>, random: f64) -> RetryDecision {
         let attempts_now = attempts.saturating_add(1);
         if attempts_now >= self.max_attempts {
-            return RetryDecision::DeadLetter { attempts: attempts_now };
+            return RetryDecision::DeadLetter {
+                attempts: attempts_now,
+            };
         }
         let delay = self.delay(attempts);
         let keep = 1.0 - self.jitter.clamp(0.0, 1.0) * random.clamp(0.0, 1.0);
         let jittered = delay.mul_f64(keep);
         let at = now + chrono::Duration::from_std(jittered).unwrap_or(chrono::Duration::MAX);
-        RetryDecision::RetryAt { at, attempts: attempts_now }
+        RetryDecision::RetryAt {
+            at,
+            attempts: attempts_now,
+        }
     }
 }
 
@@ -90,9 +95,22 @@ mod tests {
     #[test]
     fn delay_doubles_until_the_cap() {
         let s = schedule();
-        let table = [(0, 1), (1, 2), (2, 4), (3, 8), (5, 32), (6, 60), (40, 60), (1000, 60)];
+        let table = [
+            (0, 1),
+            (1, 2),
+            (2, 4),
+            (3, 8),
+            (5, 32),
+            (6, 60),
+            (40, 60),
+            (1000, 60),
+        ];
         for (attempts, secs) in table {
-            assert_eq!(s.delay(attempts), Duration::from_secs(secs), "attempts={attempts}");
+            assert_eq!(
+                s.delay(attempts),
+                Duration::from_secs(secs),
+                "attempts={attempts}"
+            );
         }
     }
 
@@ -102,12 +120,18 @@ mod tests {
         let now = DateTime::from_timestamp(1_700_000_000, 0).expect("valid time");
         assert_eq!(
             s.on_failure(2, now, 0.0),
-            RetryDecision::RetryAt { at: now + chrono::Duration::seconds(4), attempts: 3 }
+            RetryDecision::RetryAt {
+                at: now + chrono::Duration::seconds(4),
+                attempts: 3
+            }
         );
         // The largest jitter (random -> 1) takes off `jitter` of the delay: 4 s * 0.5.
         assert_eq!(
             s.on_failure(2, now, 1.0),
-            RetryDecision::RetryAt { at: now + chrono::Duration::seconds(2), attempts: 3 }
+            RetryDecision::RetryAt {
+                at: now + chrono::Duration::seconds(2),
+                attempts: 3
+            }
         );
     }
 
@@ -115,14 +139,29 @@ mod tests {
     fn the_last_attempt_dead_letters() {
         let s = schedule();
         let now = Utc::now();
-        assert!(matches!(s.on_failure(3, now, 0.0), RetryDecision::RetryAt { attempts: 4, .. }));
-        assert_eq!(s.on_failure(4, now, 0.0), RetryDecision::DeadLetter { attempts: 5 });
-        assert_eq!(s.on_failure(i32::MAX, now, 0.0), RetryDecision::DeadLetter { attempts: i32::MAX });
+        assert!(matches!(
+            s.on_failure(3, now, 0.0),
+            RetryDecision::RetryAt { attempts: 4, .. }
+        ));
+        assert_eq!(
+            s.on_failure(4, now, 0.0),
+            RetryDecision::DeadLetter { attempts: 5 }
+        );
+        assert_eq!(
+            s.on_failure(i32::MAX, now, 0.0),
+            RetryDecision::DeadLetter { attempts: i32::MAX }
+        );
     }
 
     #[test]
     fn max_attempts_of_one_dead_letters_at_the_first_failure() {
-        let s = RetrySchedule { max_attempts: 1, ..schedule() };
-        assert_eq!(s.on_failure(0, Utc::now(), 0.5), RetryDecision::DeadLetter { attempts: 1 });
+        let s = RetrySchedule {
+            max_attempts: 1,
+            ..schedule()
+        };
+        assert_eq!(
+            s.on_failure(0, Utc::now(), 0.5),
+            RetryDecision::DeadLetter { attempts: 1 }
+        );
     }
 }

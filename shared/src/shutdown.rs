@@ -50,7 +50,9 @@ pub fn on_signals() -> Shutdown {
     let (trigger, shutdown) = channel();
     tokio::spawn(async move {
         wait_for_signal().await;
-        tracing::info!("shutdown requested: finishing work in flight (send the signal again to exit at once)");
+        tracing::info!(
+            "shutdown requested: finishing work in flight (send the signal again to exit at once)"
+        );
         trigger.fire();
         wait_for_signal().await;
         tracing::warn!("second signal: exiting now; rows in flight will be claimed again");
@@ -63,7 +65,10 @@ async fn wait_for_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
             (Ok(mut term), Ok(mut int)) => {
                 tokio::select! {
                     _ = term.recv() => {}

@@ -34,7 +34,9 @@ pub struct TelemetryArgs {
 /// can call it freely.
 pub fn init(args: &TelemetryArgs) {
     let filter = EnvFilter::try_new(&args.log_filter).unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     let _ = match args.log_format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.event_format(CloudJson).try_init(),
@@ -60,13 +62,22 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
 {
-    fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
         let meta = event.metadata();
         let mut fields = JsonFields(serde_json::Map::new());
-        fields.0.insert("severity".into(), severity(meta.level()).into());
+        fields
+            .0
+            .insert("severity".into(), severity(meta.level()).into());
         fields.0.insert(
             "time".into(),
-            chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true).into(),
+            chrono::Utc::now()
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+                .into(),
         );
         fields.0.insert("target".into(), meta.target().into());
         event.record(&mut fields);
@@ -84,7 +95,8 @@ struct JsonFields(serde_json::Map<String, serde_json::Value>);
 
 impl Visit for JsonFields {
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.0.insert(field.name().to_owned(), format!("{value:?}").into());
+        self.0
+            .insert(field.name().to_owned(), format!("{value:?}").into());
     }
     fn record_str(&mut self, field: &Field, value: &str) {
         self.0.insert(field.name().to_owned(), value.into());
@@ -102,7 +114,8 @@ impl Visit for JsonFields {
         self.0.insert(field.name().to_owned(), value.into());
     }
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        self.0.insert(field.name().to_owned(), value.to_string().into());
+        self.0
+            .insert(field.name().to_owned(), value.to_string().into());
     }
 }
 

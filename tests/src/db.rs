@@ -15,14 +15,15 @@ pub struct TestDb {
     /// The test database's name.
     pub name: String,
     url: String,
-    admin: PgConnectOptions,
 }
 
 impl TestDb {
     /// Creates and migrates a fresh database.
     pub async fn new() -> Self {
         let db = Self::empty().await;
-        outbox_shared::db::migrate(&db.pool).await.expect("migrations apply to a fresh database");
+        outbox_shared::db::migrate(&db.pool)
+            .await
+            .expect("migrations apply to a fresh database");
         db
     }
 
@@ -47,7 +48,7 @@ impl TestDb {
             .await
             .expect("connect to the new test database");
         let url = replace_database(&env::database_url(), &name);
-        Self { pool, name, url, admin }
+        Self { pool, name, url }
     }
 
     /// A URL of the test database (for dispatcher/producer processes the test spawns).
@@ -58,24 +59,18 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        let admin = self.admin.clone();
-        let name = self.name.clone();
-        let pool = self.pool.clone();
-        // Drop runs outside async context guarantees: use a private runtime on its own thread.
-        let handle = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
-                return;
-            };
-            rt.block_on(async move {
-                pool.close().await;
-                if let Ok(mut conn) = PgConnection::connect_with(&admin).await {
-                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                        .execute(&mut conn)
-                        .await;
-                }
-            });
-        });
-        let _ = handle.join();
+        // Drop cannot await, and a nested runtime here can stall on connections that belong to
+        // the test's runtime: psql is synchronous and simple. WITH (FORCE) ends open sessions.
+        let _ = std::process::Command::new("psql")
+            .arg(env::database_url())
+            .args(["-q", "-v", "ON_ERROR_STOP=1", "-c"])
+            .arg(format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
     }
 }
 
@@ -100,8 +95,17 @@ mod tests {
 
     #[test]
     fn database_names_are_replaced() {
-        assert_eq!(replace_database("postgres://u@h:1/postgres", "x"), "postgres://u@h:1/x");
-        assert_eq!(replace_database("postgres://u@h:1", "x"), "postgres://u@h:1/x");
-        assert_eq!(replace_database("postgres://u@h/db?sslmode=disable", "x"), "postgres://u@h/x?sslmode=disable");
+        assert_eq!(
+            replace_database("postgres://u@h:1/postgres", "x"),
+            "postgres://u@h:1/x"
+        );
+        assert_eq!(
+            replace_database("postgres://u@h:1", "x"),
+            "postgres://u@h:1/x"
+        );
+        assert_eq!(
+            replace_database("postgres://u@h/db?sslmode=disable", "x"),
+            "postgres://u@h/x?sslmode=disable"
+        );
     }
 }

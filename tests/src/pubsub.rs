@@ -66,7 +66,10 @@ impl TestTopic {
             .send()
             .await
             .expect("the emulator creates the subscription (run `scripts/services up`)");
-        Self { topic, subscription }
+        Self {
+            topic,
+            subscription,
+        }
     }
 
     /// Pulls until `expected` messages arrived or nothing new came for `quiet`; acks everything.
@@ -81,18 +84,31 @@ impl Drop for TestTopic {
         let topic = self.topic.clone();
         let subscription = self.subscription.clone();
         let handle = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
                 return;
             };
             rt.block_on(async move {
                 // The emulator keeps unconsumed messages in memory: always delete what we made.
-                if let Ok(subs) =
-                    SubscriptionAdmin::builder().with_endpoint(endpoint()).with_credentials(anonymous()).build().await
+                if let Ok(subs) = SubscriptionAdmin::builder()
+                    .with_endpoint(endpoint())
+                    .with_credentials(anonymous())
+                    .build()
+                    .await
                 {
-                    let _ = subs.delete_subscription().set_subscription(&subscription).send().await;
+                    let _ = subs
+                        .delete_subscription()
+                        .set_subscription(&subscription)
+                        .send()
+                        .await;
                 }
-                if let Ok(topics) =
-                    TopicAdmin::builder().with_endpoint(endpoint()).with_credentials(anonymous()).build().await
+                if let Ok(topics) = TopicAdmin::builder()
+                    .with_endpoint(endpoint())
+                    .with_credentials(anonymous())
+                    .build()
+                    .await
                 {
                     let _ = topics.delete_topic().set_topic(&topic).send().await;
                 }
@@ -126,7 +142,10 @@ pub async fn pull(subscription: &str, expected: usize, quiet: Duration) -> Vec<R
         .build()
         .await
         .expect("subscriber client builds");
-    let mut stream = client.subscribe(subscription).set_max_outstanding_messages(10_000i64).build();
+    let mut stream = client
+        .subscribe(subscription)
+        .set_max_outstanding_messages(10_000i64)
+        .build();
     let mut out = Vec::new();
     while out.len() < expected {
         match tokio::time::timeout(quiet, stream.next()).await {

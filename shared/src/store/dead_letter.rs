@@ -46,7 +46,11 @@ pub struct Failure {
 }
 
 /// Moves outbox rows to the dead-letter table (delete + insert in one statement).
-pub async fn move_from_outbox(conn: &mut PgConnection, failures: &[Failure], now: DateTime<Utc>) -> Result<u64> {
+pub async fn move_from_outbox(
+    conn: &mut PgConnection,
+    failures: &[Failure],
+    now: DateTime<Utc>,
+) -> Result<u64> {
     if failures.is_empty() {
         return Ok(0);
     }
@@ -97,14 +101,27 @@ pub struct Rejection {
 
 /// Records messages a writer refused before enqueue. A dedupe key already dead-lettered is skipped
 /// (a producer lookback re-reading the same row adds nothing). Returns rows inserted.
-pub async fn insert_rejected(conn: &mut PgConnection, source: &str, rejected: &[Rejection]) -> Result<u64> {
+pub async fn insert_rejected(
+    conn: &mut PgConnection,
+    source: &str,
+    rejected: &[Rejection],
+) -> Result<u64> {
     if rejected.is_empty() {
         return Ok(0);
     }
     let topics: Vec<&str> = rejected.iter().map(|r| r.message.topic.as_str()).collect();
-    let keys: Vec<Option<&str>> = rejected.iter().map(|r| r.message.ordering_key.as_deref()).collect();
-    let dedupe: Vec<&str> = rejected.iter().map(|r| r.message.dedupe_key.as_str()).collect();
-    let payloads: Vec<&[u8]> = rejected.iter().map(|r| r.message.payload.as_slice()).collect();
+    let keys: Vec<Option<&str>> = rejected
+        .iter()
+        .map(|r| r.message.ordering_key.as_deref())
+        .collect();
+    let dedupe: Vec<&str> = rejected
+        .iter()
+        .map(|r| r.message.dedupe_key.as_str())
+        .collect();
+    let payloads: Vec<&[u8]> = rejected
+        .iter()
+        .map(|r| r.message.payload.as_slice())
+        .collect();
     let attributes: Vec<String> = rejected
         .iter()
         .map(|r| serde_json::to_string(&r.message.attributes).unwrap_or_else(|_| "{}".to_owned()))
@@ -164,7 +181,11 @@ pub struct DeadLetter {
 }
 
 /// Lists dead letters, newest first (optionally for one topic).
-pub async fn list(conn: &mut PgConnection, topic: Option<&str>, limit: i64) -> Result<Vec<DeadLetter>> {
+pub async fn list(
+    conn: &mut PgConnection,
+    topic: Option<&str>,
+    limit: i64,
+) -> Result<Vec<DeadLetter>> {
     sqlx::query_as(
         "SELECT id, outbox_id, topic, ordering_key, dedupe_key, payload, attributes, created_at,
                 failed_at, attempts, error_kind, last_error, source

@@ -26,7 +26,10 @@ pub struct EnqueueOutcome {
 ///
 /// Runs on the caller's connection or transaction: enqueue in the same transaction as the business
 /// change (that is the point of an outbox), then call [`super::notify::notify`] once before commit.
-pub async fn enqueue_batch(conn: &mut PgConnection, messages: &[NewMessage]) -> Result<EnqueueOutcome> {
+pub async fn enqueue_batch(
+    conn: &mut PgConnection,
+    messages: &[NewMessage],
+) -> Result<EnqueueOutcome> {
     if messages.is_empty() {
         return Ok(EnqueueOutcome::default());
     }
@@ -61,7 +64,10 @@ pub async fn enqueue_batch(conn: &mut PgConnection, messages: &[NewMessage]) -> 
     .await
     .context("inserting messages into pubsub_outbox")?;
     let inserted = result.rows_affected();
-    Ok(EnqueueOutcome { inserted, duplicates: messages.len() as u64 - inserted })
+    Ok(EnqueueOutcome {
+        inserted,
+        duplicates: messages.len() as u64 - inserted,
+    })
 }
 
 /// Which rows a claim may take.
@@ -75,11 +81,23 @@ pub struct ClaimFilter<'a> {
     pub topics: Option<&'a [String]>,
 }
 
-type ClaimRow = (i64, String, Option<String>, String, Vec<u8>, sqlx::types::Json<Attributes>, i32, DateTime<Utc>);
+type ClaimRow = (
+    i64,
+    String,
+    Option<String>,
+    String,
+    Vec<u8>,
+    sqlx::types::Json<Attributes>,
+    i32,
+    DateTime<Utc>,
+);
 
 /// Locks and returns up to `filter.limit` due rows, oldest due first, skipping rows other workers
 /// hold. Must run inside a transaction that the caller keeps open until the rows are settled.
-pub async fn claim_batch(conn: &mut PgConnection, filter: &ClaimFilter<'_>) -> Result<Vec<ClaimedMessage>> {
+pub async fn claim_batch(
+    conn: &mut PgConnection,
+    filter: &ClaimFilter<'_>,
+) -> Result<Vec<ClaimedMessage>> {
     // A materialized CTE bounds the locking to exactly `limit` rows and keeps a safe plan even
     // when the plan cache switches to a generic plan; `id IN (SELECT … LIMIT … SKIP LOCKED)`
     // inlined into the outer query can lock more rows than it returns and seq-scans generically.
@@ -109,7 +127,16 @@ pub async fn claim_batch(conn: &mut PgConnection, filter: &ClaimFilter<'_>) -> R
 
 fn into_claimed(row: ClaimRow) -> ClaimedMessage {
     let (id, topic, ordering_key, dedupe_key, payload, attributes, attempts, created_at) = row;
-    ClaimedMessage { id, topic, ordering_key, dedupe_key, payload, attributes: attributes.0, attempts, created_at }
+    ClaimedMessage {
+        id,
+        topic,
+        ordering_key,
+        dedupe_key,
+        payload,
+        attributes: attributes.0,
+        attempts,
+        created_at,
+    }
 }
 
 /// Deletes rows that were published (retention 0: nothing is kept).
@@ -134,8 +161,10 @@ pub async fn mark_published(
     if published.is_empty() {
         return Ok(0);
     }
-    let (ids, message_ids): (Vec<i64>, Vec<&str>) =
-        published.iter().map(|(id, mid)| (*id, mid.as_str())).unzip();
+    let (ids, message_ids): (Vec<i64>, Vec<&str>) = published
+        .iter()
+        .map(|(id, mid)| (*id, mid.as_str()))
+        .unzip();
     let r = sqlx::query(
         "UPDATE pubsub_outbox o
          SET published_at = $3, pubsub_message_id = p.mid, last_error = NULL
@@ -191,7 +220,11 @@ pub async fn schedule_retries(conn: &mut PgConnection, retries: &[Retry]) -> Res
 
 /// Deletes up to `limit` published rows older than `before`, skipping rows someone else holds,
 /// so a purge never stalls claiming. Returns how many were deleted.
-pub async fn purge_published(conn: &mut PgConnection, before: DateTime<Utc>, limit: i64) -> Result<u64> {
+pub async fn purge_published(
+    conn: &mut PgConnection,
+    before: DateTime<Utc>,
+    limit: i64,
+) -> Result<u64> {
     let r = sqlx::query(
         "DELETE FROM pubsub_outbox
          WHERE id = ANY(ARRAY(
@@ -237,14 +270,28 @@ pub async fn backlog(conn: &mut PgConnection, now: DateTime<Utc>, cap: i64) -> R
     .context("reading the pubsub_outbox backlog")?;
     let oldest_due_age_secs =
         oldest.map_or(0.0, |t| (now - t).num_milliseconds().max(0) as f64 / 1000.0);
-    Ok(Backlog { pending, pending_capped: pending >= cap, oldest_due_age_secs })
+    Ok(Backlog {
+        pending,
+        pending_capped: pending >= cap,
+        oldest_due_age_secs,
+    })
 }
 
 /// Reads one row by id (operators and tests).
 pub async fn get(conn: &mut PgConnection, id: i64) -> Result<Option<OutboxRow>> {
     type Row = (
-        i64, String, Option<String>, String, Vec<u8>, sqlx::types::Json<Attributes>, i32, DateTime<Utc>,
-        Option<DateTime<Utc>>, Option<String>, Option<String>, DateTime<Utc>,
+        i64,
+        String,
+        Option<String>,
+        String,
+        Vec<u8>,
+        sqlx::types::Json<Attributes>,
+        i32,
+        DateTime<Utc>,
+        Option<DateTime<Utc>>,
+        Option<String>,
+        Option<String>,
+        DateTime<Utc>,
     );
     let row: Option<Row> = sqlx::query_as(
         "SELECT id, topic, ordering_key, dedupe_key, payload, attributes, attempts, created_at,
@@ -278,4 +325,3 @@ pub struct OutboxRow {
     /// When it is due.
     pub next_attempt_at: DateTime<Utc>,
 }
-

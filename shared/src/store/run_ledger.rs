@@ -41,7 +41,12 @@ pub struct Counts {
 }
 
 /// Opens a run (outcome `running`); returns its id. Committed on its own so a crash leaves a trace.
-pub async fn start(conn: &mut PgConnection, stream: &str, executor: &str, from: Option<&Cursor>) -> Result<i64> {
+pub async fn start(
+    conn: &mut PgConnection,
+    stream: &str,
+    executor: &str,
+    from: Option<&Cursor>,
+) -> Result<i64> {
     sqlx::query_scalar(
         "INSERT INTO producer_run (stream, executor, window_from_micros, window_from_key)
          VALUES ($1, $2, $3, $4) RETURNING id",
@@ -56,7 +61,12 @@ pub async fn start(conn: &mut PgConnection, stream: &str, executor: &str, from: 
 }
 
 /// Adds a committed chunk to the run (call in the chunk's transaction).
-pub async fn record_chunk(conn: &mut PgConnection, run_id: i64, counts: Counts, to: Option<&Cursor>) -> Result<()> {
+pub async fn record_chunk(
+    conn: &mut PgConnection,
+    run_id: i64,
+    counts: Counts,
+    to: Option<&Cursor>,
+) -> Result<()> {
     sqlx::query(
         "UPDATE producer_run SET
              rows_fetched = rows_fetched + $2, rows_enqueued = rows_enqueued + $3,

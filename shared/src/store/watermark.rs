@@ -19,12 +19,13 @@ pub struct Cursor {
 
 /// Reads the stored cursor of `stream` (None: never run).
 pub async fn get(conn: &mut PgConnection, stream: &str) -> Result<Option<Cursor>> {
-    let row: Option<(i64, String)> =
-        sqlx::query_as("SELECT cursor_micros, cursor_key FROM producer_watermark WHERE stream = $1")
-            .bind(stream)
-            .fetch_optional(&mut *conn)
-            .await
-            .context("reading producer_watermark")?;
+    let row: Option<(i64, String)> = sqlx::query_as(
+        "SELECT cursor_micros, cursor_key FROM producer_watermark WHERE stream = $1",
+    )
+    .bind(stream)
+    .fetch_optional(&mut *conn)
+    .await
+    .context("reading producer_watermark")?;
     Ok(row.map(|(micros, key)| Cursor { micros, key }))
 }
 
@@ -56,7 +57,12 @@ pub async fn unlock(conn: &mut PgConnection, stream: &str) -> Result<()> {
 
 /// Moves the stream's cursor forward to `to` (never backwards) in the caller's transaction.
 /// Returns the stored cursor afterwards.
-pub async fn advance(conn: &mut PgConnection, stream: &str, to: &Cursor, run_id: i64) -> Result<Cursor> {
+pub async fn advance(
+    conn: &mut PgConnection,
+    stream: &str,
+    to: &Cursor,
+    run_id: i64,
+) -> Result<Cursor> {
     let row: Option<(i64, String)> = sqlx::query_as(
         "INSERT INTO producer_watermark AS w (stream, cursor_micros, cursor_key, run_id)
          VALUES ($1, $2, $3, $4)

@@ -1,1 +1,727 @@
-//! Dispatcher tests.
+//! Dispatcher: delivery, disjoint claims, retries, dead letters, outages and signals, against real
+//! PostgreSQL and the Pub/Sub emulator.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, SubsecRound, Utc};
+use clap::Parser;
+use google_cloud_gax::error::rpc::Code;
+use prometheus_client::registry::Registry;
+use sqlx::PgPool;
+
+use harness::db::TestDb;
+use harness::faults::{Fault, FaultInjecting};
+use harness::process::{Process, free_port, http_get};
+use harness::proxy::TcpProxy;
+use harness::pubsub::{Received, TestTopic};
+use outbox_dispatcher::breaker::Breaker;
+use outbox_dispatcher::metrics::Metrics;
+use outbox_dispatcher::publisher::{Publish, PubsubArgs, PubsubPublisher};
+use outbox_dispatcher::worker::{BatchOutcome, BatchSettings, Dispatch, run_batch};
+use outbox_dispatcher::{Cli, service};
+use outbox_shared::NewMessage;
+use outbox_shared::retry::RetrySchedule;
+use outbox_shared::store::{dead_letter, outbox};
+
+fn message(topic: &str, key: &str, attrs: &[(&str, &str)]) -> NewMessage {
+    NewMessage {
+        topic: topic.to_owned(),
+        ordering_key: None,
+        dedupe_key: key.to_owned(),
+        payload: format!("payload of {key}").into_bytes(),
+        attributes: attrs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+    }
+}
+
+async fn enqueue(pool: &PgPool, messages: &[NewMessage]) {
+    let mut tx = pool.begin().await.expect("begin");
+    outbox::enqueue_batch(&mut tx, messages)
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+}
+
+async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(pool)
+        .await
+        .expect("count query")
+}
+
+fn pubsub_args(host: &str) -> PubsubArgs {
+    PubsubArgs {
+        pubsub_emulator_host: Some(host.to_owned()),
+        pubsub_endpoint: None,
+        pubsub_project: harness::env::pubsub_project(),
+        publish_timeout: Duration::from_secs(5),
+        dedupe_attribute: "dedupe_key".to_owned(),
+        publish_delay: Duration::from_millis(1),
+    }
+}
+
+async fn real_publisher() -> PubsubPublisher {
+    PubsubPublisher::connect(&pubsub_args(&harness::env::pubsub_emulator_host()))
+        .await
+        .expect("publisher connects")
+}
+
+fn schedule() -> RetrySchedule {
+    RetrySchedule {
+        base: Duration::from_secs(2),
+        cap: Duration::from_secs(60),
+        jitter: 0.0,
+        max_attempts: 4,
+    }
+}
+
+fn dispatch<P: Publish>(pool: &PgPool, publisher: P, batch_size: i64) -> Dispatch<P> {
+    let metrics = Arc::new(Metrics::register(&mut Registry::default()));
+    let breaker = Arc::new(Breaker::new(
+        Duration::from_millis(100),
+        Duration::from_secs(1),
+        metrics.breaker_open.clone(),
+    ));
+    let settings = BatchSettings {
+        batch_size,
+        topics: None,
+        retain_published: false,
+        dedupe_attribute: "dedupe_key".to_owned(),
+        schedule: schedule(),
+    };
+    Dispatch::new(
+        pool.clone(),
+        Arc::new(publisher),
+        settings,
+        metrics,
+        breaker,
+        64 << 20,
+    )
+}
+
+/// Waits until no unpublished row is left, or panics after `limit`.
+async fn wait_drained(pool: &PgPool, limit: Duration) {
+    let started = Instant::now();
+    loop {
+        let left = count(
+            pool,
+            "SELECT count(*) FROM pubsub_outbox WHERE published_at IS NULL",
+        )
+        .await;
+        if left == 0 {
+            return;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "{left} rows still unpublished after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn by_dedupe_key(received: &[Received]) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for m in received {
+        *counts.entry(m.dedupe_key().to_owned()).or_insert(0) += 1;
+    }
+    counts
+}
+
+fn cli(db: &TestDb, pubsub_host: &str, listen: &str, extra: &[&str]) -> Cli {
+    let mut args = vec![
+        "dispatcher",
+        "--database-url",
+        db.url(),
+        "--pubsub-emulator-host",
+        pubsub_host,
+        "--listen-addr",
+        listen,
+        "--publish-timeout",
+        "5s",
+        "--poll-interval",
+        "50ms",
+        "--max-poll-interval",
+        "200ms",
+        "--breaker-cooldown",
+        "200ms",
+        "--breaker-max-cooldown",
+        "1s",
+    ];
+    args.extend_from_slice(extra);
+    Cli::try_parse_from(args).expect("valid dispatcher arguments")
+}
+
+#[tokio::test]
+async fn messages_over_several_topics_from_concurrent_writers_all_arrive_with_attributes_and_dedupe_key()
+ {
+    let db = TestDb::new().await;
+    let topics = [
+        TestTopic::new(false).await,
+        TestTopic::new(false).await,
+        TestTopic::new(false).await,
+    ];
+    let per_writer = 300;
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let pool = db.pool.clone();
+            let names: Vec<String> = topics.iter().map(|t| t.topic.clone()).collect();
+            tokio::spawn(async move {
+                for chunk in (0..per_writer).collect::<Vec<_>>().chunks(50) {
+                    let batch: Vec<NewMessage> = chunk
+                        .iter()
+                        .map(|i| {
+                            let key = format!("w{w}-m{i}");
+                            message(
+                                &names[i % 3],
+                                &key,
+                                &[("writer", &w.to_string()), ("seq", &i.to_string())],
+                            )
+                        })
+                        .collect();
+                    enqueue(&pool, &batch).await;
+                }
+            })
+        })
+        .collect();
+
+    let listen = format!("127.0.0.1:{}", free_port());
+    let (trigger, shutdown) = outbox_shared::shutdown::channel();
+    let cli = cli(
+        &db,
+        &harness::env::pubsub_emulator_host(),
+        &listen,
+        &["--workers", "3", "--batch-size", "100"],
+    );
+    let service = tokio::spawn(async move { service::run(&cli, shutdown).await });
+    for w in writers {
+        w.await.expect("writer finished");
+    }
+    wait_drained(&db.pool, Duration::from_secs(60)).await;
+
+    let (status, _) = http_get(&listen, "/readyz").await;
+    assert_eq!(status, 200, "ready while the database and Pub/Sub answer");
+    let (_, metrics) = http_get(&listen, "/metrics").await;
+    assert!(
+        metrics.contains("outbox_published_total 1200"),
+        "published counter counts every message:\n{metrics}"
+    );
+    trigger.fire();
+    service
+        .await
+        .expect("service task")
+        .expect("service stops cleanly");
+
+    let mut all = Vec::new();
+    for (n, t) in topics.iter().enumerate() {
+        let got = t.pull(400, Duration::from_secs(5)).await;
+        assert_eq!(got.len(), 400, "topic {n} received its 400 messages");
+        all.extend(got);
+    }
+    let counts = by_dedupe_key(&all);
+    assert_eq!(counts.len(), 1200, "every message arrived");
+    assert!(
+        counts.values().all(|c| *c == 1),
+        "no duplicates without faults"
+    );
+    for m in &all {
+        let key = m.dedupe_key();
+        let (w, i) = key
+            .trim_start_matches('w')
+            .split_once("-m")
+            .expect("dedupe key shape");
+        assert_eq!(
+            m.attributes.get("writer").map(String::as_str),
+            Some(w),
+            "writer attribute kept for {key}"
+        );
+        assert_eq!(
+            m.attributes.get("seq").map(String::as_str),
+            Some(i),
+            "seq attribute kept for {key}"
+        );
+        assert_eq!(
+            m.data,
+            format!("payload of {key}").into_bytes(),
+            "payload bytes kept for {key}"
+        );
+    }
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM pubsub_outbox").await,
+        0,
+        "published rows are deleted"
+    );
+}
+
+#[tokio::test]
+async fn concurrent_claims_never_overlap() {
+    let db = TestDb::new().await;
+    let msgs: Vec<NewMessage> = (0..300)
+        .map(|i| message("projects/p/topics/t", &format!("k{i}"), &[]))
+        .collect();
+    enqueue(&db.pool, &msgs).await;
+    let mut txs = Vec::new();
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let mut tx = db.pool.begin().await.expect("begin");
+        let filter = outbox::ClaimFilter {
+            now: Utc::now(),
+            limit: 100,
+            topics: None,
+        };
+        let claimed = outbox::claim_batch(&mut tx, &filter).await.expect("claim");
+        seen.extend(claimed.iter().map(|m| m.id));
+        txs.push(tx);
+    }
+    let total = seen.len();
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(
+        seen.len(),
+        total,
+        "no row was claimed by two open transactions"
+    );
+    assert_eq!(
+        total, 300,
+        "the first three claims took 100 rows each, the fourth found none left"
+    );
+}
+
+#[tokio::test]
+async fn two_dispatcher_processes_with_several_workers_publish_every_row_exactly_once() {
+    let db = TestDb::new().await;
+    let topic = TestTopic::new(false).await;
+    let n = 4000;
+    let msgs: Vec<NewMessage> = (0..n)
+        .map(|i| message(&topic.topic, &format!("m{i}"), &[]))
+        .collect();
+    for chunk in msgs.chunks(1000) {
+        enqueue(&db.pool, chunk).await;
+    }
+    let envs = [
+        ("DATABASE_URL", db.url().to_owned()),
+        ("PUBSUB_EMULATOR_HOST", harness::env::pubsub_emulator_host()),
+    ];
+    let mut procs = Vec::new();
+    for _ in 0..2 {
+        let listen = format!("127.0.0.1:{}", free_port());
+        procs.push(Process::spawn(
+            "dispatcher",
+            &[
+                "--workers",
+                "4",
+                "--batch-size",
+                "50",
+                "--listen-addr",
+                &listen,
+            ],
+            &envs,
+        ));
+    }
+    wait_drained(&db.pool, Duration::from_secs(90)).await;
+    let got = topic.pull(n, Duration::from_secs(5)).await;
+    let counts = by_dedupe_key(&got);
+    assert_eq!(counts.len(), n, "every row arrived");
+    let dupes: Vec<_> = counts.iter().filter(|(_, c)| **c > 1).collect();
+    assert!(
+        dupes.is_empty(),
+        "no row published twice without faults: {dupes:?}"
+    );
+    for p in &procs {
+        p.signal("TERM");
+    }
+    for mut p in procs {
+        let status = tokio::time::timeout(Duration::from_secs(30), p.child.wait())
+            .await
+            .expect("exits")
+            .expect("status");
+        assert!(status.success(), "clean exit; log:\n{}", p.log());
+    }
+}
+
+#[tokio::test]
+async fn transient_failures_advance_attempts_on_schedule_then_dead_letter_with_the_last_error() {
+    let db = TestDb::new().await;
+    let topic = TestTopic::new(false).await;
+    enqueue(
+        &db.pool,
+        &[
+            message(&topic.topic, "flaky", &[]),
+            message(&topic.topic, "fine", &[]),
+        ],
+    )
+    .await;
+    let faulty = FaultInjecting::new(real_publisher().await);
+    faulty.fail(
+        "flaky",
+        Fault {
+            code: Code::Unavailable,
+            times: None,
+        },
+    );
+    let d = dispatch(&db.pool, faulty, 100);
+    let id: i64 = sqlx::query_scalar("SELECT id FROM pubsub_outbox WHERE dedupe_key = 'flaky'")
+        .fetch_one(&db.pool)
+        .await
+        .expect("row id");
+
+    // PostgreSQL keeps microseconds.
+    let mut now: DateTime<Utc> = Utc::now().trunc_subsecs(6);
+    // schedule(): base 2 s, no jitter, 4 attempts: retries after 2 s, 4 s, 8 s, then dead letter.
+    for (attempt, delay) in [(1, 2), (2, 4), (3, 8)] {
+        let outcome = run_batch(&d, now).await.expect("batch runs");
+        assert!(
+            matches!(outcome, BatchOutcome::Settled(_)),
+            "settled, not an outage: {outcome:?}"
+        );
+        let row = outbox::get(&mut *db.pool.acquire().await.expect("conn"), id)
+            .await
+            .expect("read")
+            .expect("still queued");
+        assert_eq!(
+            row.message.attempts, attempt,
+            "attempts after failure {attempt}"
+        );
+        assert_eq!(
+            row.next_attempt_at,
+            now + chrono::Duration::seconds(delay),
+            "next attempt {delay}s later"
+        );
+        assert_eq!(
+            row.last_error.as_deref(),
+            Some("UNAVAILABLE: injected fault")
+        );
+        // Not due before its time.
+        let early = run_batch(
+            &d,
+            now + chrono::Duration::seconds(delay) - chrono::Duration::milliseconds(1),
+        )
+        .await
+        .expect("batch");
+        assert_eq!(
+            early,
+            BatchOutcome::Empty,
+            "the row is not claimed before next_attempt_at"
+        );
+        now += chrono::Duration::seconds(delay);
+    }
+    run_batch(&d, now).await.expect("last attempt");
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM pubsub_outbox").await,
+        0,
+        "the outbox is empty"
+    );
+    let dead = dead_letter::list(&mut *db.pool.acquire().await.expect("conn"), None, 10)
+        .await
+        .expect("list");
+    assert_eq!(dead.len(), 1, "the flaky message is dead-lettered");
+    assert_eq!(dead[0].dedupe_key, "flaky");
+    assert_eq!(dead[0].attempts, 4);
+    assert_eq!(dead[0].error_kind, "exhausted");
+    assert_eq!(dead[0].last_error, "UNAVAILABLE: injected fault");
+    let got = topic.pull(1, Duration::from_secs(5)).await;
+    assert_eq!(
+        got.iter().map(Received::dedupe_key).collect::<Vec<_>>(),
+        vec!["fine"],
+        "the good message was published"
+    );
+}
+
+#[tokio::test]
+async fn permanent_failures_are_dead_lettered_with_the_reason_and_the_rest_of_the_batch_is_published()
+ {
+    let db = TestDb::new().await;
+    let topic = TestTopic::new(false).await;
+    let missing = format!(
+        "projects/{}/topics/{}",
+        harness::env::pubsub_project(),
+        harness::env::unique_name("missing")
+    );
+    let mut oversize = message(&topic.topic, "oversize", &[]);
+    oversize.payload = vec![b'x'; 10_000_001];
+    let mut many_attrs = message(&topic.topic, "many-attributes", &[]);
+    many_attrs.attributes = (0..100)
+        .map(|i| (format!("a{i}"), "v".to_owned()))
+        .collect::<BTreeMap<_, _>>();
+    let batch = vec![
+        message(&topic.topic, "good-1", &[]),
+        message(&missing, "unknown-topic", &[]),
+        oversize,
+        message(&topic.topic, "good-2", &[]),
+        many_attrs,
+        message(&topic.topic, "good-3", &[]),
+    ];
+    enqueue(&db.pool, &batch).await;
+    let d = dispatch(&db.pool, real_publisher().await, 100);
+    let outcome = run_batch(&d, Utc::now()).await.expect("batch runs");
+    let BatchOutcome::Settled(s) = outcome else {
+        panic!("expected a settled batch, got {outcome:?}")
+    };
+    assert_eq!((s.published, s.dead_lettered, s.retried), (3, 3, 0));
+
+    let dead = dead_letter::list(&mut *db.pool.acquire().await.expect("conn"), None, 10)
+        .await
+        .expect("list");
+    let reasons: HashMap<&str, (&str, &str)> = dead
+        .iter()
+        .map(|d| {
+            (
+                d.dedupe_key.as_str(),
+                (d.error_kind.as_str(), d.last_error.as_str()),
+            )
+        })
+        .collect();
+    assert_eq!(reasons.len(), 3, "three dead letters: {reasons:?}");
+    assert!(
+        reasons["unknown-topic"].1.starts_with("NOT_FOUND"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons["oversize"]
+            .1
+            .contains("Pub/Sub accepts at most 10000000"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons["many-attributes"].1.contains("101 attributes"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.values().all(|(kind, _)| *kind == "permanent"),
+        "{reasons:?}"
+    );
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM pubsub_outbox").await,
+        0
+    );
+    let got = topic.pull(3, Duration::from_secs(5)).await;
+    let mut keys: Vec<&str> = got.iter().map(Received::dedupe_key).collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        vec!["good-1", "good-2", "good-3"],
+        "the good messages of the batch were published"
+    );
+}
+
+#[tokio::test]
+async fn a_pubsub_outage_dead_letters_nothing_charges_no_attempt_and_the_backlog_drains_after() {
+    let db = TestDb::new().await;
+    let topic = TestTopic::new(false).await;
+    let proxy = TcpProxy::start(&harness::env::pubsub_emulator_host()).await;
+    let listen = format!("127.0.0.1:{}", free_port());
+    let (trigger, shutdown) = outbox_shared::shutdown::channel();
+    let cli = cli(
+        &db,
+        &proxy.addr(),
+        &listen,
+        &[
+            "--workers",
+            "2",
+            "--batch-size",
+            "50",
+            "--max-attempts",
+            "2",
+        ],
+    );
+    let service = tokio::spawn(async move { service::run(&cli, shutdown).await });
+
+    let before: Vec<NewMessage> = (0..100)
+        .map(|i| message(&topic.topic, &format!("before-{i}"), &[]))
+        .collect();
+    enqueue(&db.pool, &before).await;
+    wait_drained(&db.pool, Duration::from_secs(30)).await;
+
+    proxy.set_down(true);
+    let during: Vec<NewMessage> = (0..300)
+        .map(|i| message(&topic.topic, &format!("during-{i}"), &[]))
+        .collect();
+    enqueue(&db.pool, &during).await;
+    // Long enough for many claim attempts, probes and several times max-attempts worth of retries.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM pubsub_outbox_dead_letter").await,
+        0,
+        "an outage dead-letters nothing"
+    );
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM pubsub_outbox WHERE attempts > 0"
+        )
+        .await,
+        0,
+        "an outage charges no attempt"
+    );
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM pubsub_outbox").await,
+        300,
+        "the backlog waits"
+    );
+    // The breaker closes briefly between a probe and the next failed publish: sample until open.
+    let started = Instant::now();
+    loop {
+        let (status, _) = http_get(&listen, "/readyz").await;
+        let (_, metrics) = http_get(&listen, "/metrics").await;
+        if status == 503 && metrics.contains("outbox_breaker_open 1") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "/readyz says 503 and the breaker gauge is 1 during the outage"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    proxy.set_down(false);
+    wait_drained(&db.pool, Duration::from_secs(60)).await;
+    trigger.fire();
+    service
+        .await
+        .expect("service task")
+        .expect("service stops cleanly");
+    let got = topic.pull(400, Duration::from_secs(5)).await;
+    let counts = by_dedupe_key(&got);
+    for m in before.iter().chain(&during) {
+        assert!(
+            counts.contains_key(&m.dedupe_key),
+            "{} arrived",
+            m.dedupe_key
+        );
+    }
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM pubsub_outbox_dead_letter").await,
+        0
+    );
+}
+
+#[tokio::test]
+async fn a_sigkilled_dispatcher_loses_nothing_and_only_in_flight_rows_arrive_twice() {
+    let db = TestDb::new().await;
+    let topic = TestTopic::new(false).await;
+    // Latency keeps batches in flight, so the kill lands mid-batch.
+    let proxy = TcpProxy::start(&harness::env::pubsub_emulator_host()).await;
+    proxy.set_delay(Duration::from_millis(20));
+    let n = 3000;
+    let msgs: Vec<NewMessage> = (0..n)
+        .map(|i| message(&topic.topic, &format!("m{i}"), &[]))
+        .collect();
+    for chunk in msgs.chunks(1000) {
+        enqueue(&db.pool, chunk).await;
+    }
+    let envs = [
+        ("DATABASE_URL", db.url().to_owned()),
+        ("PUBSUB_EMULATOR_HOST", proxy.addr()),
+    ];
+    let (workers, batch) = (4, 100);
+    let args = [
+        "--workers",
+        "4",
+        "--batch-size",
+        "100",
+        "--listen-addr",
+        "127.0.0.1:0",
+    ];
+    let mut first = Process::spawn("dispatcher", &args, &envs);
+    let started = Instant::now();
+    while count(&db.pool, "SELECT count(*) FROM pubsub_outbox").await > (n as i64) / 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the dispatcher makes progress; log:\n{}",
+            first.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.signal("KILL");
+    let _ = first.child.wait().await;
+    let left = count(&db.pool, "SELECT count(*) FROM pubsub_outbox").await;
+    assert!(left > 0, "killed before the end");
+
+    let mut second = Process::spawn("dispatcher", &args, &envs);
+    wait_drained(&db.pool, Duration::from_secs(60)).await;
+    second.signal("TERM");
+    let _ = second.child.wait().await;
+
+    let got = topic
+        .pull(n + workers * batch, Duration::from_secs(5))
+        .await;
+    let counts = by_dedupe_key(&got);
+    assert_eq!(counts.len(), n, "every row arrived");
+    let duplicates: usize = counts.values().map(|c| c - 1).sum();
+    eprintln!(
+        "SIGKILL test: {duplicates} duplicate deliveries (bound: {} in flight)",
+        workers * batch
+    );
+    assert!(
+        duplicates <= workers * batch,
+        "only the killed process's in-flight batches may repeat: {duplicates}"
+    );
+}
+
+#[tokio::test]
+async fn sigterm_with_a_batch_in_flight_exits_zero_within_the_grace_period_and_settles_it() {
+    let db = TestDb::new().await;
+    let topic = TestTopic::new(false).await;
+    let proxy = TcpProxy::start(&harness::env::pubsub_emulator_host()).await;
+    let envs = [
+        ("DATABASE_URL", db.url().to_owned()),
+        ("PUBSUB_EMULATOR_HOST", proxy.addr()),
+    ];
+    let mut p = Process::spawn(
+        "dispatcher",
+        &[
+            "--workers",
+            "1",
+            "--batch-size",
+            "100",
+            "--grace-period",
+            "10s",
+            "--listen-addr",
+            "127.0.0.1:0",
+        ],
+        &envs,
+    );
+    // Let the client connect, then slow the link so the batch stays in flight.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    proxy.set_delay(Duration::from_millis(1500));
+    let msgs: Vec<NewMessage> = (0..50)
+        .map(|i| message(&topic.topic, &format!("m{i}"), &[]))
+        .collect();
+    enqueue(&db.pool, &msgs).await;
+    let in_flight = "SELECT count(*) FROM pg_stat_activity
+                     WHERE application_name = 'pubsub-outbox-dispatcher' AND state = 'idle in transaction'";
+    let started = Instant::now();
+    while count(&db.pool, in_flight).await == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "a batch gets claimed; log:\n{}",
+            p.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let term_at = Instant::now();
+    p.signal("TERM");
+    let status = tokio::time::timeout(Duration::from_secs(15), p.child.wait())
+        .await
+        .expect("exits in time")
+        .expect("status");
+    assert!(
+        status.success(),
+        "exit code 0 after SIGTERM; log:\n{}",
+        p.log()
+    );
+    assert!(
+        term_at.elapsed() < Duration::from_secs(10),
+        "within the grace period"
+    );
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM pubsub_outbox").await,
+        0,
+        "the in-flight batch was settled"
+    );
+    let got = topic.pull(50, Duration::from_secs(5)).await;
+    assert_eq!(by_dedupe_key(&got).len(), 50, "and published");
+}

@@ -1,0 +1,129 @@
+//! The circuit breaker: when Pub/Sub is unreachable for everyone, stop claiming (an outage is not
+//! the messages' fault, so it burns no attempts and dead-letters nothing), probe with backoff,
+//! and resume when the broker answers.
+//!
+//! The worker trips it when a whole batch failed transiently AND a probe confirms the broker does
+//! not answer; a batch whose failures are message-specific (the probe succeeds) goes through the
+//! normal retry schedule instead.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::time::Instant;
+
+use crate::publisher::Publish;
+use outbox_shared::shutdown::Shutdown;
+
+#[derive(Debug, Clone)]
+enum State {
+    Closed,
+    Open {
+        until: Instant,
+        cooldown: Duration,
+        topic: String,
+    },
+}
+
+/// Shared by all workers of a process.
+#[derive(Debug)]
+pub struct Breaker {
+    state: Mutex<State>,
+    probing: AtomicBool,
+    min_cooldown: Duration,
+    max_cooldown: Duration,
+    open_gauge: Gauge,
+}
+
+impl Breaker {
+    /// A closed breaker whose cooldown doubles from `min_cooldown` to `max_cooldown`.
+    /// `open_gauge` is set to 1 while open.
+    pub fn new(min_cooldown: Duration, max_cooldown: Duration, open_gauge: Gauge) -> Self {
+        Self {
+            state: Mutex::new(State::Closed),
+            probing: AtomicBool::new(false),
+            min_cooldown,
+            max_cooldown: max_cooldown.max(min_cooldown),
+            open_gauge,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        match self.state.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// Whether claiming may proceed.
+    pub fn is_closed(&self) -> bool {
+        matches!(*self.lock(), State::Closed)
+    }
+
+    /// Opens (or keeps open, doubling the cooldown) after a confirmed outage on `topic`.
+    pub fn trip(&self, topic: &str, reason: &str) {
+        let mut state = self.lock();
+        let cooldown = match &*state {
+            State::Closed => {
+                tracing::warn!(
+                    pubsub.topic = topic,
+                    error = reason,
+                    "Pub/Sub unreachable: pausing claims; no attempts are charged while it is down"
+                );
+                self.min_cooldown
+            }
+            State::Open { cooldown, .. } => (*cooldown * 2).min(self.max_cooldown),
+        };
+        *state = State::Open {
+            until: Instant::now() + cooldown,
+            cooldown,
+            topic: topic.to_owned(),
+        };
+        self.open_gauge.set(1);
+    }
+
+    fn close(&self) {
+        let mut state = self.lock();
+        if matches!(*state, State::Open { .. }) {
+            tracing::info!("Pub/Sub answers again: resuming claims");
+        }
+        *state = State::Closed;
+        self.open_gauge.set(0);
+    }
+
+    /// Returns when claiming may proceed, or when shutdown is requested. While open, one caller
+    /// at a time probes after the cooldown; the others wait.
+    pub async fn admit<P: Publish>(&self, publisher: &P, shutdown: &mut Shutdown) {
+        loop {
+            let (until, topic) = match &*self.lock() {
+                State::Closed => return,
+                State::Open { until, topic, .. } => (*until, topic.clone()),
+            };
+            if Instant::now() < until {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(until) => {}
+                    _ = shutdown.requested() => return,
+                }
+                continue;
+            }
+            if self.probing.swap(true, Ordering::AcqRel) {
+                // Someone else probes; check back shortly.
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    _ = shutdown.requested() => return,
+                }
+                continue;
+            }
+            let result = publisher.probe(&topic).await;
+            match result {
+                Ok(()) => self.close(),
+                Err(reason) => {
+                    tracing::debug!(pubsub.topic = %topic, error = %reason, "probe failed; Pub/Sub still unreachable");
+                    self.trip(&topic, &reason);
+                }
+            }
+            self.probing.store(false, Ordering::Release);
+        }
+    }
+}

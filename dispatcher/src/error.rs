@@ -1,0 +1,43 @@
+//! The dispatcher's typed errors. Messages say what failed and what to do.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Errors the dispatcher can stop with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DispatcherError {
+    /// The Pub/Sub client could not be built.
+    #[error(
+        "cannot build the Pub/Sub client for {endpoint}: {reason}. Check Application Default \
+         Credentials (Workload Identity on GKE), --pubsub-endpoint, or PUBSUB_EMULATOR_HOST"
+    )]
+    PubsubClient {
+        /// The endpoint used.
+        endpoint: String,
+        /// Why.
+        reason: String,
+    },
+    /// A database operation failed.
+    #[error(transparent)]
+    Store(#[from] outbox_shared::Error),
+    /// The HTTP endpoints could not bind.
+    #[error(
+        "cannot listen on {addr} for /healthz, /readyz and /metrics: {source}. Is the port in use? Set --listen-addr"
+    )]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Workers were still busy when the grace period ended.
+    #[error(
+        "shutdown grace period of {0:?} ran out with batches in flight; their rows will be claimed again"
+    )]
+    GraceExceeded(Duration),
+    /// A setting is out of range.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}

@@ -1,0 +1,128 @@
+//! The dispatcher's Prometheus metrics. Counters for flows, gauges for states, histograms for
+//! batch size, publish latency and end-to-end lag (created -> published).
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// A one-label set: `kind`.
+pub type KindLabel = Vec<(&'static str, &'static str)>;
+
+/// Every metric the dispatcher exports.
+#[derive(Debug)]
+pub struct Metrics {
+    /// Messages published.
+    pub published: Counter,
+    /// Failed message publishes, by kind (transient, permanent, limit, not_attempted).
+    pub failed: Family<KindLabel, Counter>,
+    /// Retries scheduled on rows.
+    pub retried: Counter,
+    /// Messages moved to the dead-letter table, by kind (permanent, exhausted).
+    pub dead_lettered: Family<KindLabel, Counter>,
+    /// Batches released untouched because Pub/Sub was unreachable.
+    pub outage_batches: Counter,
+    /// Messages per claimed batch.
+    pub batch_size: Histogram,
+    /// Seconds one batch publish took.
+    pub publish_seconds: Histogram,
+    /// Seconds from enqueue to publish.
+    pub lag_seconds: Histogram,
+    /// Unpublished rows (capped count).
+    pub backlog: Gauge,
+    /// Age in seconds of the oldest row due now.
+    pub oldest_due_age_seconds: Gauge<f64, AtomicU64>,
+    /// 1 while the circuit breaker holds claiming because Pub/Sub is unreachable.
+    pub breaker_open: Gauge,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them under the `outbox_` prefix.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self {
+            published: Counter::default(),
+            failed: Family::default(),
+            retried: Counter::default(),
+            dead_lettered: Family::default(),
+            outage_batches: Counter::default(),
+            batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
+            publish_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            lag_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 20)),
+            backlog: Gauge::default(),
+            oldest_due_age_seconds: Gauge::default(),
+            breaker_open: Gauge::default(),
+        };
+        let r = registry.sub_registry_with_prefix("outbox");
+        r.register(
+            "published",
+            "Messages published to Pub/Sub",
+            m.published.clone(),
+        );
+        r.register(
+            "publish_failures",
+            "Failed message publishes by kind",
+            m.failed.clone(),
+        );
+        r.register(
+            "retries_scheduled",
+            "Retries scheduled on outbox rows",
+            m.retried.clone(),
+        );
+        r.register(
+            "dead_lettered",
+            "Messages moved to the dead-letter table by kind",
+            m.dead_lettered.clone(),
+        );
+        r.register(
+            "outage_batches",
+            "Batches released untouched because Pub/Sub was unreachable",
+            m.outage_batches.clone(),
+        );
+        r.register(
+            "batch_size",
+            "Messages per claimed batch",
+            m.batch_size.clone(),
+        );
+        r.register(
+            "publish_duration_seconds",
+            "Seconds one batch publish took",
+            m.publish_seconds.clone(),
+        );
+        r.register(
+            "end_to_end_lag_seconds",
+            "Seconds from enqueue to publish",
+            m.lag_seconds.clone(),
+        );
+        r.register(
+            "backlog_rows",
+            "Unpublished outbox rows (count capped at 1,000,000)",
+            m.backlog.clone(),
+        );
+        r.register(
+            "oldest_due_age_seconds",
+            "Age of the oldest outbox row due now",
+            m.oldest_due_age_seconds.clone(),
+        );
+        r.register(
+            "breaker_open",
+            "1 while claiming is paused because Pub/Sub is unreachable",
+            m.breaker_open.clone(),
+        );
+        m
+    }
+
+    /// Counts one failure of `kind`.
+    pub fn fail(&self, kind: &'static str, n: u64) {
+        self.failed.get_or_create(&vec![("kind", kind)]).inc_by(n);
+    }
+
+    /// Counts dead letters of `kind`.
+    pub fn dead_letter(&self, kind: &'static str, n: u64) {
+        self.dead_lettered
+            .get_or_create(&vec![("kind", kind)])
+            .inc_by(n);
+    }
+}

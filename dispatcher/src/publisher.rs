@@ -1,0 +1,227 @@
+//! Publishing to Pub/Sub: the only module that talks to the Pub/Sub client.
+//!
+//! [`Publish`] is the seam the worker uses: publish a claimed batch and get one result per message
+//! (in order), probe whether the broker answers, and resume a paused ordering key. The real
+//! implementation, [`PubsubPublisher`], shares one gRPC channel ([`BasePublisher`]) across a cache
+//! of per-topic publishers, so one dispatcher serves many topics.
+//!
+//! Bounds: the client's own queue is unbounded, so the caller bounds what is in flight (workers ×
+//! batch size, and a byte budget); every publish is under `publish_timeout`, and the client's own
+//! retries are capped inside it (the row schedule owns long retries).
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use google_cloud_gax::retry_policy::RetryPolicyExt;
+use google_cloud_pubsub::client::{BasePublisher, Publisher, TopicAdmin};
+use google_cloud_pubsub::model::Message;
+use google_cloud_pubsub::retry_policy::RetryableErrors;
+use outbox_shared::ClaimedMessage;
+
+use crate::classify::{PublishFailure, classify};
+use crate::error::DispatcherError;
+
+/// One result per message of a batch, in the batch's order: the Pub/Sub message id or why not.
+pub type BatchResult = Vec<Result<String, PublishFailure>>;
+
+/// The publishing seam between the worker and Pub/Sub.
+pub trait Publish: Send + Sync + 'static {
+    /// Publishes `batch`; returns one result per message, in order.
+    fn publish(&self, batch: &[ClaimedMessage]) -> impl Future<Output = BatchResult> + Send;
+    /// Whether the broker answers at all (used to tell an outage from a bad message).
+    fn probe(&self, topic: &str) -> impl Future<Output = Result<(), String>> + Send;
+    /// Lets the client publish again on an ordering key it paused after a failure.
+    fn resume(&self, topic: &str, ordering_key: &str);
+}
+
+/// How to reach Pub/Sub.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PubsubArgs {
+    /// Pub/Sub emulator host:port. When set, the dispatcher talks plain HTTP to it with anonymous
+    /// credentials (the official client does not read this variable by itself).
+    #[arg(long, env = "PUBSUB_EMULATOR_HOST")]
+    pub pubsub_emulator_host: Option<String>,
+    /// Pub/Sub endpoint override, e.g. a regional endpoint https://us-east1-pubsub.googleapis.com
+    /// (strict ordering holds only within one region). Default: the global endpoint.
+    #[arg(long, env = "OUTBOX_PUBSUB_ENDPOINT")]
+    pub pubsub_endpoint: Option<String>,
+    /// Project for short topic names given to --topic (full names need none).
+    #[arg(long, env = "PUBSUB_PROJECT_ID", default_value = "")]
+    pub pubsub_project: String,
+    /// Upper bound on one batch publish, client retries included. Keep it well below
+    /// --lock-timeout.
+    #[arg(long, env = "OUTBOX_PUBLISH_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub publish_timeout: Duration,
+    /// Name of the attribute that carries the dedupe key to consumers.
+    #[arg(long, env = "OUTBOX_DEDUPE_ATTRIBUTE", default_value = "dedupe_key")]
+    pub dedupe_attribute: String,
+    /// How long the client may wait to fill a request before sending it.
+    #[arg(long, env = "OUTBOX_PUBLISH_DELAY", default_value = "5ms", value_parser = humantime::parse_duration)]
+    pub publish_delay: Duration,
+}
+
+impl PubsubArgs {
+    /// The endpoint to use, if not the default.
+    fn endpoint(&self) -> Option<String> {
+        match (&self.pubsub_emulator_host, &self.pubsub_endpoint) {
+            (_, Some(endpoint)) => Some(endpoint.clone()),
+            (Some(host), None) if host.starts_with("http") => Some(host.clone()),
+            (Some(host), None) => Some(format!("http://{host}")),
+            (None, None) => None,
+        }
+    }
+}
+
+/// [`Publish`] over the official `google-cloud-pubsub` client.
+#[derive(Debug, Clone)]
+pub struct PubsubPublisher {
+    base: BasePublisher,
+    admin: TopicAdmin,
+    publishers: Arc<RwLock<HashMap<String, Publisher>>>,
+    timeout: Duration,
+    delay: Duration,
+    dedupe_attribute: String,
+}
+
+impl PubsubPublisher {
+    /// Builds the clients. Emulator: anonymous credentials; otherwise Application Default
+    /// Credentials (Workload Identity on GKE).
+    pub async fn connect(args: &PubsubArgs) -> Result<Self, DispatcherError> {
+        let endpoint = args.endpoint();
+        let emulator = args.pubsub_emulator_host.is_some();
+        // The client's own retries stay well inside our timeout; longer horizons belong to the row.
+        let policy = RetryableErrors
+            .with_time_limit(args.publish_timeout.mul_f64(0.8))
+            .with_attempt_limit(5);
+        let mut base = BasePublisher::builder().with_retry_policy(policy);
+        let mut admin = TopicAdmin::builder();
+        if let Some(ep) = &endpoint {
+            base = base.with_endpoint(ep.clone());
+            admin = admin.with_endpoint(ep.clone());
+        }
+        if emulator {
+            base = base.with_credentials(anonymous());
+            admin = admin.with_credentials(anonymous());
+        }
+        let what = endpoint
+            .clone()
+            .unwrap_or_else(|| "the default Pub/Sub endpoint".to_owned());
+        let base = base
+            .build()
+            .await
+            .map_err(|e| DispatcherError::PubsubClient {
+                endpoint: what.clone(),
+                reason: e.to_string(),
+            })?;
+        let admin = admin
+            .build()
+            .await
+            .map_err(|e| DispatcherError::PubsubClient {
+                endpoint: what,
+                reason: e.to_string(),
+            })?;
+        Ok(Self {
+            base,
+            admin,
+            publishers: Arc::default(),
+            timeout: args.publish_timeout,
+            delay: args.publish_delay,
+            dedupe_attribute: args.dedupe_attribute.clone(),
+        })
+    }
+
+    fn publisher_for(&self, topic: &str) -> Publisher {
+        if let Ok(map) = self.publishers.read()
+            && let Some(p) = map.get(topic)
+        {
+            return p.clone();
+        }
+        let mut map = match self.publishers.write() {
+            Ok(map) => map,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        map.entry(topic.to_owned())
+            .or_insert_with(|| {
+                self.base
+                    .publisher(topic.to_owned())
+                    .set_message_count_threshold(
+                        outbox_shared::limits::MAX_MESSAGES_PER_REQUEST as u32,
+                    )
+                    // Leave room under the 10 MB request limit for framing.
+                    .set_byte_threshold(9_000_000)
+                    .set_delay_threshold(self.delay)
+                    .build()
+            })
+            .clone()
+    }
+
+    fn to_message(&self, m: &ClaimedMessage) -> Message {
+        let mut attributes: HashMap<String, String> = m
+            .attributes
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        attributes.insert(self.dedupe_attribute.clone(), m.dedupe_key.clone());
+        let msg = Message::new()
+            .set_data(bytes::Bytes::copy_from_slice(&m.payload))
+            .set_attributes(attributes);
+        match &m.ordering_key {
+            Some(key) => msg.set_ordering_key(key.clone()),
+            None => msg,
+        }
+    }
+}
+
+fn anonymous() -> google_cloud_auth::credentials::Credentials {
+    google_cloud_auth::credentials::anonymous::Builder::new().build()
+}
+
+impl Publish for PubsubPublisher {
+    async fn publish(&self, batch: &[ClaimedMessage]) -> BatchResult {
+        let mut pending = Vec::with_capacity(batch.len());
+        let mut topics = HashSet::new();
+        for m in batch {
+            let publisher = self.publisher_for(&m.topic);
+            pending.push(publisher.publish(self.to_message(m)));
+            if topics.insert(m.topic.as_str()) {
+                // Send what is queued now instead of waiting for the delay threshold.
+                tokio::spawn(async move { publisher.flush().await });
+            }
+        }
+        let all = futures::future::join_all(pending);
+        match tokio::time::timeout(self.timeout, all).await {
+            Ok(results) => results
+                .into_iter()
+                .map(|r| r.map_err(|e| classify(&e)))
+                .collect(),
+            Err(_) => {
+                let failure = PublishFailure::transient(format!(
+                    "publish did not complete within {:?} (Pub/Sub slow or unreachable)",
+                    self.timeout
+                ));
+                vec![Err(failure); batch.len()]
+            }
+        }
+    }
+
+    async fn probe(&self, topic: &str) -> Result<(), String> {
+        let call = self.admin.get_topic().set_topic(topic).send();
+        match tokio::time::timeout(Duration::from_secs(5), call).await {
+            Ok(Ok(_)) => Ok(()),
+            // The broker answered; the topic (or our access to it) is the problem, not an outage.
+            Ok(Err(e)) if e.status().is_some() || e.http_status_code().is_some() => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("no answer within 5s".to_owned()),
+        }
+    }
+
+    fn resume(&self, topic: &str, ordering_key: &str) {
+        if let Ok(map) = self.publishers.read()
+            && let Some(p) = map.get(topic)
+        {
+            p.resume_publish(ordering_key);
+        }
+    }
+}

@@ -1,0 +1,380 @@
+//! One unit of work ([`run_batch`]) and the worker loop around it.
+//!
+//! A batch is one PostgreSQL transaction: claim due rows (`FOR UPDATE SKIP LOCKED`, locks held),
+//! check Pub/Sub's limits locally, publish, then settle every row before commit: published rows are
+//! deleted (or marked, with retention), transient failures get their next attempt time, permanent
+//! failures and exhausted rows move to the dead-letter table. A crash anywhere before commit rolls
+//! everything back (the rows are claimed again; published ones are re-sent: at-least-once).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use tokio::sync::{Notify, Semaphore};
+
+use outbox_shared::ClaimedMessage;
+use outbox_shared::limits::check_publishable;
+use outbox_shared::retry::{RetryDecision, RetrySchedule};
+use outbox_shared::shutdown::Shutdown;
+use outbox_shared::store::dead_letter::{self, ErrorKind, Failure};
+use outbox_shared::store::outbox::{self, ClaimFilter, Retry};
+
+use crate::breaker::Breaker;
+use crate::classify::FailureKind;
+use crate::error::DispatcherError;
+use crate::metrics::Metrics;
+use crate::publisher::Publish;
+
+/// Settings a batch needs.
+#[derive(Debug, Clone)]
+pub struct BatchSettings {
+    /// Rows per claim (<= 1,000).
+    pub batch_size: i64,
+    /// Only these full topic names (None: all).
+    pub topics: Option<Vec<String>>,
+    /// Keep published rows (marked) instead of deleting them.
+    pub retain_published: bool,
+    /// The dedupe attribute name (counted against the attribute limits).
+    pub dedupe_attribute: String,
+    /// The retry schedule.
+    pub schedule: RetrySchedule,
+}
+
+/// Everything a worker shares with the other workers of its process.
+#[derive(Debug)]
+pub struct Dispatch<P> {
+    /// The database.
+    pub pool: PgPool,
+    /// Pub/Sub.
+    pub publisher: Arc<P>,
+    /// Batch settings.
+    pub settings: BatchSettings,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// The outage breaker.
+    pub breaker: Arc<Breaker>,
+    /// Bounds the payload bytes in flight across workers (permits are KiB).
+    pub inflight_kib: Arc<Semaphore>,
+    /// Total permits of `inflight_kib`.
+    pub inflight_kib_total: u32,
+}
+
+impl<P: Publish> Dispatch<P> {
+    /// Assembles a dispatch context; `max_inflight_bytes` bounds payload bytes in flight.
+    pub fn new(
+        pool: PgPool,
+        publisher: Arc<P>,
+        settings: BatchSettings,
+        metrics: Arc<Metrics>,
+        breaker: Arc<Breaker>,
+        max_inflight_bytes: u64,
+    ) -> Self {
+        let kib = u32::try_from(max_inflight_bytes / 1024)
+            .unwrap_or(u32::MAX)
+            .max(1);
+        Self {
+            pool,
+            publisher,
+            settings,
+            metrics,
+            breaker,
+            inflight_kib: Arc::new(Semaphore::new(kib as usize)),
+            inflight_kib_total: kib,
+        }
+    }
+}
+
+/// What one batch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Settled {
+    /// Rows claimed.
+    pub claimed: usize,
+    /// Published and recorded.
+    pub published: usize,
+    /// Scheduled for another attempt.
+    pub retried: usize,
+    /// Moved to the dead-letter table.
+    pub dead_lettered: usize,
+    /// Released untouched (not attempted).
+    pub released: usize,
+}
+
+/// The outcome of [`run_batch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchOutcome {
+    /// Nothing was due.
+    Empty,
+    /// Every claimed row was settled.
+    Settled(Settled),
+    /// Pub/Sub did not answer: the rows were released untouched and the breaker tripped.
+    Outage {
+        /// The first error seen.
+        error: String,
+        /// Rows released.
+        released: usize,
+    },
+}
+
+/// Claims, publishes and settles one batch of rows due at `now`.
+#[tracing::instrument(skip_all, fields(batch.size = tracing::field::Empty), err)]
+pub async fn run_batch<P: Publish>(
+    d: &Dispatch<P>,
+    now: DateTime<Utc>,
+) -> Result<BatchOutcome, DispatcherError> {
+    let mut tx = d
+        .pool
+        .begin()
+        .await
+        .map_err(|source| outbox_shared::Error::Database {
+            context: "starting a claim transaction",
+            source,
+        })?;
+    let filter = ClaimFilter {
+        now,
+        limit: d.settings.batch_size,
+        topics: d.settings.topics.as_deref(),
+    };
+    let claimed = outbox::claim_batch(&mut tx, &filter).await?;
+    if claimed.is_empty() {
+        // Nothing locked, nothing written: ending the transaction either way is the same.
+        let _ = tx.rollback().await;
+        return Ok(BatchOutcome::Empty);
+    }
+    tracing::Span::current().record("batch.size", claimed.len());
+    d.metrics.batch_size.observe(claimed.len() as f64);
+
+    // Local limit checks: a message that can never be published costs no round trip.
+    let mut rejected = Vec::new();
+    let mut sendable: Vec<ClaimedMessage> = Vec::with_capacity(claimed.len());
+    for m in claimed.iter() {
+        match check_publishable(
+            &m.payload,
+            &m.attributes,
+            m.ordering_key.as_deref(),
+            &d.settings.dedupe_attribute,
+            &m.dedupe_key,
+        ) {
+            Ok(()) => sendable.push(m.clone()),
+            Err(violation) => {
+                d.metrics.fail("limit", 1);
+                rejected.push(Failure {
+                    id: m.id,
+                    attempts: m.attempts,
+                    kind: ErrorKind::Permanent,
+                    error: format!("rejected before publishing: {violation}"),
+                });
+            }
+        }
+    }
+
+    let results = publish_bounded(d, &sendable).await;
+
+    let mut settled = Settled {
+        claimed: claimed.len(),
+        ..Settled::default()
+    };
+    let mut published: Vec<(i64, String)> = Vec::new();
+    let mut retries = Vec::new();
+    let mut failures = Vec::new();
+    let mut paused_keys = Vec::new();
+    let mut transient_error = None;
+    for (m, result) in sendable.iter().zip(results) {
+        match result {
+            Ok(message_id) => {
+                let lag = (now - m.created_at).num_milliseconds().max(0) as f64 / 1000.0;
+                d.metrics.lag_seconds.observe(lag);
+                published.push((m.id, message_id));
+            }
+            Err(failure) => {
+                d.metrics.fail(failure.kind.as_str(), 1);
+                if let Some(key) = &m.ordering_key {
+                    paused_keys.push((m.topic.clone(), key.clone()));
+                }
+                match failure.kind {
+                    FailureKind::NotAttempted => settled.released += 1,
+                    FailureKind::Permanent => {
+                        failures.push(Failure {
+                            id: m.id,
+                            attempts: m.attempts.saturating_add(1),
+                            kind: ErrorKind::Permanent,
+                            error: failure.message,
+                        });
+                    }
+                    FailureKind::Transient => {
+                        transient_error
+                            .get_or_insert_with(|| (m.topic.clone(), failure.message.clone()));
+                        match d
+                            .settings
+                            .schedule
+                            .on_failure(m.attempts, now, fastrand::f64())
+                        {
+                            RetryDecision::RetryAt { at, attempts } => retries.push(Retry {
+                                id: m.id,
+                                attempts,
+                                next_attempt_at: at,
+                                last_error: failure.message,
+                            }),
+                            RetryDecision::DeadLetter { attempts } => failures.push(Failure {
+                                id: m.id,
+                                attempts,
+                                kind: ErrorKind::Exhausted,
+                                error: failure.message,
+                            }),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    // Every message sent failed transiently: is it the messages, or is Pub/Sub down for everyone?
+    // Only a failed probe makes it an outage; then nothing is charged and the rows are released.
+    let only_transient =
+        published.is_empty() && failures.iter().all(|f| f.kind == ErrorKind::Exhausted);
+    if only_transient
+        && let Some((topic, error)) = &transient_error
+        && let Err(probe_error) = d.publisher.probe(topic).await
+    {
+        dead_letter::move_from_outbox(&mut tx, &rejected, now).await?;
+        commit(tx).await?;
+        d.metrics.outage_batches.inc();
+        d.metrics.dead_letter("permanent", rejected.len() as u64);
+        d.breaker.trip(topic, &probe_error);
+        resume(d, &paused_keys);
+        let released = claimed.len() - rejected.len();
+        return Ok(BatchOutcome::Outage {
+            error: format!("{error} (probe: {probe_error})"),
+            released,
+        });
+    }
+    failures.append(&mut rejected);
+
+    if d.settings.retain_published {
+        outbox::mark_published(&mut tx, &published, now).await?;
+    } else {
+        let ids: Vec<i64> = published.iter().map(|(id, _)| *id).collect();
+        outbox::delete_published(&mut tx, &ids).await?;
+    }
+    outbox::schedule_retries(&mut tx, &retries).await?;
+    dead_letter::move_from_outbox(&mut tx, &failures, now).await?;
+    commit(tx).await?;
+    // Only now, with the failed message re-queued ahead of later ones, may the key go on.
+    resume(d, &paused_keys);
+
+    settled.published = published.len();
+    settled.retried = retries.len();
+    settled.dead_lettered = failures.len();
+    d.metrics.published.inc_by(published.len() as u64);
+    d.metrics.retried.inc_by(retries.len() as u64);
+    for f in &failures {
+        d.metrics.dead_letter(f.kind.as_str(), 1);
+        tracing::warn!(outbox.id = f.id, error.kind = f.kind.as_str(), error = %f.error, "message dead-lettered");
+    }
+    Ok(BatchOutcome::Settled(settled))
+}
+
+async fn commit(tx: sqlx::Transaction<'_, sqlx::Postgres>) -> Result<(), DispatcherError> {
+    tx.commit().await.map_err(|source| {
+        DispatcherError::Store(outbox_shared::Error::Database {
+            context: "committing a settled batch",
+            source,
+        })
+    })
+}
+
+fn resume<P: Publish>(d: &Dispatch<P>, keys: &[(String, String)]) {
+    for (topic, key) in keys {
+        d.publisher.resume(topic, key);
+    }
+}
+
+/// Publishes under the process-wide byte budget and records the latency.
+async fn publish_bounded<P: Publish>(
+    d: &Dispatch<P>,
+    batch: &[ClaimedMessage],
+) -> Vec<Result<String, crate::classify::PublishFailure>> {
+    if batch.is_empty() {
+        return Vec::new();
+    }
+    let bytes: usize = batch
+        .iter()
+        .map(|m| m.payload.len() + m.dedupe_key.len() + 64)
+        .sum();
+    let kib = u32::try_from(bytes.div_ceil(1024))
+        .unwrap_or(u32::MAX)
+        .clamp(1, d.inflight_kib_total.max(1));
+    // The semaphore is never closed, so acquiring only fails if it were; publish anyway then.
+    let _permit = d.inflight_kib.acquire_many(kib).await.ok();
+    let started = Instant::now();
+    let results = d.publisher.publish(batch).await;
+    d.metrics
+        .publish_seconds
+        .observe(started.elapsed().as_secs_f64());
+    results
+}
+
+/// How a worker waits when there is nothing to do.
+#[derive(Debug, Clone, Copy)]
+pub struct Idle {
+    /// First poll interval after work ran out.
+    pub poll_interval: Duration,
+    /// Longest poll interval when idle.
+    pub max_poll_interval: Duration,
+}
+
+/// Runs batches until shutdown: back-to-back while there is work, waiting on NOTIFY or a poll
+/// interval that doubles while idle. A batch in flight when shutdown arrives is finished.
+pub async fn work<P: Publish>(
+    d: Arc<Dispatch<P>>,
+    worker: usize,
+    wakeup: Arc<Notify>,
+    idle: Idle,
+    mut shutdown: Shutdown,
+) {
+    let mut wait = idle.poll_interval;
+    let mut error_backoff = Duration::from_millis(200);
+    loop {
+        if shutdown.is_requested() {
+            break;
+        }
+        d.breaker.admit(&*d.publisher, &mut shutdown).await;
+        if shutdown.is_requested() {
+            break;
+        }
+        let notified = wakeup.notified();
+        match run_batch(&d, Utc::now()).await {
+            Ok(BatchOutcome::Settled(s)) => {
+                tracing::debug!(
+                    worker,
+                    published = s.published,
+                    retried = s.retried,
+                    dead_lettered = s.dead_lettered,
+                    "batch settled"
+                );
+                wait = idle.poll_interval;
+                error_backoff = Duration::from_millis(200);
+            }
+            Ok(BatchOutcome::Outage { error, released }) => {
+                tracing::debug!(worker, released, %error, "batch released: Pub/Sub unreachable");
+            }
+            Ok(BatchOutcome::Empty) => {
+                tokio::select! {
+                    _ = notified => { wait = idle.poll_interval; }
+                    _ = tokio::time::sleep(wait) => { wait = (wait * 2).min(idle.max_poll_interval); }
+                    _ = shutdown.requested() => break,
+                }
+            }
+            Err(e) => {
+                // Logged once here (run_batch's span records it at debug level).
+                tracing::error!(worker, error = %e, retry_in = ?error_backoff, "batch failed; its rows will be claimed again");
+                tokio::select! {
+                    _ = tokio::time::sleep(error_backoff) => {}
+                    _ = shutdown.requested() => break,
+                }
+                error_backoff = (error_backoff * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+    tracing::debug!(worker, "worker stopped");
+}

@@ -1,0 +1,101 @@
+//! Running the project's binaries as child processes (for SIGKILL / SIGTERM tests).
+
+use std::path::PathBuf;
+use std::process::Stdio;
+
+use tokio::process::{Child, Command};
+
+/// Path of a workspace binary next to the test executable (`target/<profile>/<name>`).
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/integration-<hash> -> target/<profile>/<name>
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target profile dir");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the binaries first (cargo build --workspace --bins)",
+        path.display()
+    );
+    path
+}
+
+/// A running child; killed when dropped.
+#[derive(Debug)]
+pub struct Process {
+    /// The child.
+    pub child: Child,
+    /// Where its stderr goes.
+    pub log: PathBuf,
+}
+
+impl Process {
+    /// Starts `binary` with `args` and `envs` (the parent's OUTBOX_* variables are not inherited).
+    pub fn spawn(binary: &str, args: &[&str], envs: &[(&str, String)]) -> Self {
+        let log = std::env::temp_dir().join(format!("{}.log", crate::env::unique_name(binary)));
+        let file = std::fs::File::create(&log).expect("create a log file");
+        let mut cmd = Command::new(self::binary(binary));
+        for (k, _) in std::env::vars() {
+            if k.starts_with("OUTBOX_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.args(args)
+            .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(file))
+            .kill_on_drop(true);
+        let child = cmd.spawn().expect("spawn the binary");
+        Self { child, log }
+    }
+
+    /// Sends a signal by name (TERM, INT, KILL).
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.id().expect("process is running");
+        let status = std::process::Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} {pid} failed");
+    }
+
+    /// The log so far (for assertion messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// A free loopback port (bound then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// `GET path` over plain HTTP/1.0; returns (status, body).
+pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect to the HTTP endpoint");
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .expect("send request");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("read response");
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
