@@ -42,28 +42,39 @@ pub enum Command {
     Migrate,
 }
 
-/// What to run and how.
+/// What to run and how. Global: they may follow the subcommand (`producer run --dry-run`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
     /// The streams file (TOML; see examples/streams.toml).
-    #[arg(long, env = "OUTBOX_PRODUCER_CONFIG", default_value = "streams.toml")]
+    #[arg(
+        global = true,
+        long,
+        env = "OUTBOX_PRODUCER_CONFIG",
+        default_value = "streams.toml"
+    )]
     pub config: PathBuf,
     /// Apply pending migrations before running (otherwise run `producer migrate` first).
-    #[arg(long, env = "OUTBOX_MIGRATE")]
+    #[arg(global = true, long, env = "OUTBOX_MIGRATE")]
     pub migrate: bool,
     /// Ask BigQuery for the bytes each query would process, run it, and print what would be
     /// enqueued; write nothing (the query is billed as usual, within maximum_bytes_billed).
-    #[arg(long, env = "OUTBOX_PRODUCER_DRY_RUN")]
+    #[arg(global = true, long, env = "OUTBOX_PRODUCER_DRY_RUN")]
     pub dry_run: bool,
     /// Sample messages a dry run prints per stream.
-    #[arg(long, env = "OUTBOX_PRODUCER_DRY_RUN_SAMPLE", default_value_t = 10)]
+    #[arg(
+        global = true,
+        long,
+        env = "OUTBOX_PRODUCER_DRY_RUN_SAMPLE",
+        default_value_t = 10
+    )]
     pub dry_run_sample: usize,
     /// BigQuery rows per page; each page is one PostgreSQL transaction (memory is bounded by it).
-    #[arg(long, env = "OUTBOX_PRODUCER_PAGE_SIZE", default_value_t = 1000,
+    #[arg(global = true, long, env = "OUTBOX_PRODUCER_PAGE_SIZE", default_value_t = 1000,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub page_size: u32,
     /// When another execution is running a stream: skip it (exit 0, logged) or wait for it.
     #[arg(
+        global = true,
         long,
         env = "OUTBOX_PRODUCER_ON_OVERLAP",
         value_enum,
@@ -72,28 +83,34 @@ pub struct RunArgs {
     pub on_overlap: OnOverlap,
     /// Run only these streams (repeat the flag, or comma-separate in the env var).
     #[arg(
+        global = true,
         long = "stream",
         env = "OUTBOX_PRODUCER_STREAMS",
         value_delimiter = ','
     )]
     pub streams: Vec<String>,
     /// NOTIFY channel sent once per committed chunk (the dispatcher LISTENs on it).
-    #[arg(long, env = "OUTBOX_NOTIFY_CHANNEL", default_value = outbox_shared::store::notify::DEFAULT_CHANNEL)]
+    #[arg(global = true, long, env = "OUTBOX_NOTIFY_CHANNEL", default_value = outbox_shared::store::notify::DEFAULT_CHANNEL)]
     pub notify_channel: String,
     /// Attribute the dispatcher adds with the dedupe key (counted against Pub/Sub's limits).
-    #[arg(long, env = "OUTBOX_DEDUPE_ATTRIBUTE", default_value = "dedupe_key")]
+    #[arg(
+        global = true,
+        long,
+        env = "OUTBOX_DEDUPE_ATTRIBUTE",
+        default_value = "dedupe_key"
+    )]
     pub dedupe_attribute: String,
     /// Pub/Sub project of short topic names in the streams file (full names need none).
-    #[arg(long, env = "PUBSUB_PROJECT_ID", default_value = "")]
+    #[arg(global = true, long, env = "PUBSUB_PROJECT_ID", default_value = "")]
     pub pubsub_project: String,
     /// This task's index (Cloud Run sets it): runs the streams i with i % count == index.
-    #[arg(long, env = "CLOUD_RUN_TASK_INDEX", default_value_t = 0)]
+    #[arg(global = true, long, env = "CLOUD_RUN_TASK_INDEX", default_value_t = 0)]
     pub task_index: usize,
     /// Number of parallel tasks sharing the streams (Cloud Run sets it).
-    #[arg(long, env = "CLOUD_RUN_TASK_COUNT", default_value_t = 1)]
+    #[arg(global = true, long, env = "CLOUD_RUN_TASK_COUNT", default_value_t = 1)]
     pub task_count: usize,
     /// How often a long run logs its progress (rows, rows/s, watermark).
-    #[arg(long, env = "OUTBOX_PRODUCER_PROGRESS_INTERVAL", default_value = "10s",
+    #[arg(global = true, long, env = "OUTBOX_PRODUCER_PROGRESS_INTERVAL", default_value = "10s",
           value_parser = humantime::parse_duration)]
     pub progress_interval: Duration,
 }
@@ -102,15 +119,16 @@ pub struct RunArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct BigQueryArgs {
     /// Project the query jobs run in (and are billed to). Required by `run`.
-    #[arg(long, env = "BIGQUERY_PROJECT_ID", default_value = "")]
+    #[arg(global = true, long, env = "BIGQUERY_PROJECT_ID", default_value = "")]
     pub bigquery_project: String,
     /// Endpoint override, e.g. http://127.0.0.1:9050 for bqemulator (REST base <it>/bigquery/v2).
     /// Unset: BigQuery itself.
-    #[arg(long, env = "BIGQUERY_EMULATOR_HOST")]
+    #[arg(global = true, long, env = "BIGQUERY_EMULATOR_HOST")]
     pub bigquery_endpoint: Option<String>,
     /// Credentials: auto (anonymous with an endpoint override, else Application Default
     /// Credentials: Workload Identity / the Cloud Run service account / a key file), adc, anonymous.
     #[arg(
+        global = true,
         long,
         env = "OUTBOX_BIGQUERY_CREDENTIALS",
         value_enum,
@@ -118,11 +136,11 @@ pub struct BigQueryArgs {
     )]
     pub bigquery_credentials: Credentials,
     /// Time limit of one BigQuery HTTP call (retried when transient).
-    #[arg(long, env = "OUTBOX_BIGQUERY_REQUEST_TIMEOUT", default_value = "2m",
+    #[arg(global = true, long, env = "OUTBOX_BIGQUERY_REQUEST_TIMEOUT", default_value = "2m",
           value_parser = humantime::parse_duration)]
     pub bigquery_request_timeout: Duration,
     /// How long a query job may run before the stream fails.
-    #[arg(long, env = "OUTBOX_BIGQUERY_JOB_TIMEOUT", default_value = "30m",
+    #[arg(global = true, long, env = "OUTBOX_BIGQUERY_JOB_TIMEOUT", default_value = "30m",
           value_parser = humantime::parse_duration)]
     pub bigquery_job_timeout: Duration,
 }

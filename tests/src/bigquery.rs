@@ -1,1 +1,142 @@
-//! bqemulator helpers (dataset/table creation, row inserts).
+//! bqemulator helpers: a client on the emulator, a dataset + table per test, row inserts.
+//!
+//! bqemulator (DuckDB underneath) as used here, measured:
+//! - rows sent with `insertAll` are visible to queries at once;
+//! - TIMESTAMP cells come back as integer microseconds (`useInt64Timestamp` is ignored);
+//! - a failed query is a 200 answer with `errors` (real BigQuery answers 4xx);
+//! - BIGNUMERIC *columns* cannot be created (DuckDB decimals stop at 38 digits), BIGNUMERIC
+//!   literals up to 38 digits work in queries; GEOGRAPHY needs the spatial extension (absent);
+//! - JSON columns must be inserted as JSON *text* (an object is stored as its Python repr);
+//! - a column named like a reserved word (`by`) silently empties `SELECT *`: avoid such names.
+
+use gcp_bigquery_client::Client;
+use gcp_bigquery_client::model::dataset::Dataset;
+use gcp_bigquery_client::model::query_request::QueryRequest;
+use gcp_bigquery_client::model::query_response::QueryResponse;
+use gcp_bigquery_client::model::table::Table;
+use gcp_bigquery_client::model::table_data_insert_all_request::TableDataInsertAllRequest;
+use gcp_bigquery_client::model::table_field_schema::TableFieldSchema;
+use gcp_bigquery_client::model::table_schema::TableSchema;
+use outbox_producer::bigquery::{self, Credentials};
+
+use crate::env;
+
+/// A client on the emulator (anonymous credentials).
+pub async fn client() -> Client {
+    bigquery::connect(Some(&env::bigquery_emulator_host()), Credentials::Anonymous)
+        .await
+        .expect("a BigQuery client for the emulator builds")
+}
+
+/// A dataset with one table, created for one test and deleted on drop.
+#[derive(Clone)]
+pub struct TestTable {
+    /// The client used.
+    pub client: Client,
+    /// Project id.
+    pub project: String,
+    /// Dataset id (unique per test).
+    pub dataset: String,
+    /// Table id.
+    pub table: String,
+}
+
+impl std::fmt::Debug for TestTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TestTable({})", self.name())
+    }
+}
+
+impl TestTable {
+    /// Creates a fresh dataset and a table `t` with `fields`.
+    pub async fn create(fields: Vec<TableFieldSchema>) -> Self {
+        let client = client().await;
+        let project = env::bigquery_project();
+        let dataset = env::unique_name("ds");
+        client
+            .dataset()
+            .create(Dataset::new(&project, &dataset))
+            .await
+            .expect("bqemulator creates the dataset (run `scripts/services up`)");
+        let table = "t".to_owned();
+        client
+            .table()
+            .create(Table::new(
+                &project,
+                &dataset,
+                &table,
+                TableSchema::new(fields),
+            ))
+            .await
+            .expect("bqemulator creates the table");
+        Self {
+            client,
+            project,
+            dataset,
+            table,
+        }
+    }
+
+    /// `project.dataset.table`, backquoted for GoogleSQL.
+    pub fn name(&self) -> String {
+        format!("`{}.{}.{}`", self.project, self.dataset, self.table)
+    }
+
+    /// Inserts rows (JSON objects keyed by column) with `insertAll`; panics on any insert error.
+    pub async fn insert(&self, rows: &[serde_json::Value]) {
+        for chunk in rows.chunks(5_000) {
+            let mut request = TableDataInsertAllRequest::new();
+            for row in chunk {
+                request.add_row(None, row.clone()).expect("row serialises");
+            }
+            let response = self
+                .client
+                .tabledata()
+                .insert_all(&self.project, &self.dataset, &self.table, request)
+                .await
+                .expect("insertAll answers");
+            let errors = response.insert_errors.unwrap_or_default();
+            assert!(errors.is_empty(), "insertAll refused rows: {errors:?}");
+        }
+    }
+
+    /// Runs a query (e.g. DML) on the emulator and returns the answer; panics on an error.
+    pub async fn query(&self, sql: &str) -> QueryResponse {
+        let response = self
+            .client
+            .job()
+            .query(&self.project, QueryRequest::new(sql))
+            .await
+            .expect("jobs.query answers");
+        assert!(
+            response.errors.as_deref().unwrap_or_default().is_empty(),
+            "query {sql:?} failed: {:?}",
+            response.errors
+        );
+        response
+    }
+}
+
+impl Drop for TestTable {
+    fn drop(&mut self) {
+        // A fresh client on a private runtime: the test's client keeps pooled connections whose
+        // tasks live on the test runtime, which this blocking drop would deadlock.
+        let (project, dataset) = (self.project.clone(), self.dataset.clone());
+        let handle = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                let _ = client()
+                    .await
+                    .dataset()
+                    .delete_if_exists(&project, &dataset, true)
+                    .await;
+            });
+        });
+        let _ = handle.join();
+    }
+}
