@@ -17,14 +17,16 @@ struct Fake {
     query: Mutex<VecDeque<Result<QueryResponse, ApiError>>>,
     results: Mutex<VecDeque<Result<GetQueryResultsResponse, ApiError>>>,
     tokens_asked: Mutex<Vec<Option<String>>>,
+    requests: Mutex<Vec<QueryRequest>>,
 }
 
 impl Api for Fake {
     async fn query(
         &self,
         _project: &str,
-        _request: QueryRequest,
+        request: QueryRequest,
     ) -> Result<QueryResponse, ApiError> {
+        self.requests.lock().expect("lock").push(request);
         self.query
             .lock()
             .expect("lock")
@@ -246,5 +248,46 @@ async fn a_job_that_never_completes_times_out() {
     assert!(
         matches!(&err, PagesError::Request(m) if m.contains("did not complete")),
         "{err}"
+    );
+}
+
+#[tokio::test]
+async fn the_query_carries_its_parameters_cost_guard_and_page_size() {
+    let fake = Fake::default();
+    fake.query
+        .lock()
+        .expect("lock")
+        .push_back(Ok(complete(&[1], None).into()));
+    let bq = BigQuery::new(fake, "p", fast());
+    let spec = QuerySpec {
+        query: "SELECT @watermark_ts, @watermark_key".into(),
+        params: crate::cursor::Position {
+            micros: 5,
+            key: crate::cursor::Key::Str("k".into()),
+        }
+        .parameters(),
+        location: Some("EU".into()),
+        maximum_bytes_billed: Some(1_000_000),
+        page_size: 250,
+    };
+    let mut pages = bq.open(&spec).await.expect("opens");
+    while pages.next_page().await.expect("page").is_some() {}
+    let sent = bq.api.requests.lock().expect("lock");
+    let body = serde_json::to_value(&sent[0]).expect("serialises");
+    assert_eq!(body["maximumBytesBilled"], json!("1000000"));
+    assert_eq!(body["maxResults"], json!(250));
+    assert_eq!(body["location"], json!("EU"));
+    assert_eq!(body["useLegacySql"], json!(false));
+    assert_eq!(body["parameterMode"], json!("NAMED"));
+    assert_eq!(
+        body["queryParameters"],
+        json!([
+            {"name": "watermark_ts", "parameterType": {"type": "INT64"}, "parameterValue": {"value": "5"}},
+            {"name": "watermark_key", "parameterType": {"type": "STRING"}, "parameterValue": {"value": "k"}}
+        ])
+    );
+    assert!(
+        body["requestId"].as_str().is_some_and(|id| id.len() <= 36),
+        "an idempotency id of at most 36 chars"
     );
 }

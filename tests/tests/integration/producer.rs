@@ -376,6 +376,77 @@ async fn a_crash_between_chunks_then_a_rerun_leaves_each_source_row_in_the_outbo
     );
 }
 
+#[tokio::test]
+async fn a_producer_process_killed_mid_run_loses_and_duplicates_nothing_on_rerun() {
+    let Some(binary) = producer_binary() else {
+        eprintln!(
+            "producer binary not built (cargo build -p pubsub-outbox-producer): test skipped"
+        );
+        return;
+    };
+    let db = TestDb::new().await;
+    let table = TestTable::create(orders_schema()).await;
+    let total = 3000;
+    table
+        .insert(&(1..=total).map(|i| order(i, i / 5)).collect::<Vec<_>>())
+        .await;
+    let config_text = orders_toml(&table, "killed", "");
+    let path = std::env::temp_dir().join(format!("{}.toml", env::unique_name("killed")));
+    std::fs::write(&path, &config_text).expect("write the config");
+
+    let mut child = std::process::Command::new(binary)
+        .args(["run", "--page-size", "5", "--config"])
+        .arg(&path)
+        .env("DATABASE_URL", db.url())
+        .env("BIGQUERY_EMULATOR_HOST", env::bigquery_emulator_host())
+        .env("BIGQUERY_PROJECT_ID", env::bigquery_project())
+        .env("PUBSUB_PROJECT_ID", env::pubsub_project())
+        .env("OUTBOX_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the producer");
+    // SIGKILL once some chunks are committed: mid-run, possibly mid-transaction.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM pubsub_outbox")
+            .fetch_one(&db.pool)
+            .await
+            .expect("count");
+        if n >= 200 || std::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    child.kill().expect("SIGKILL the producer");
+    let _ = child.wait();
+    let at_kill = outbox_keys(&db).await.len() as i64;
+    assert!(
+        at_kill > 0 && at_kill < total,
+        "killed mid-run ({at_kill} of {total} enqueued)"
+    );
+
+    // The killed session's lock goes with its connection; wait in case the server has not
+    // noticed yet.
+    let rerun = Settings {
+        on_overlap: OnOverlap::Wait,
+        ..settings(500)
+    };
+    let report = run_all(&db, &table, &load(&config_text), &rerun).await;
+    let s = summary(&report, 0);
+    assert_eq!(
+        s.duplicates, 0,
+        "the rerun starts after the last committed chunk"
+    );
+    assert_eq!(s.enqueued as i64, total - at_kill);
+    assert_eq!(
+        outbox_keys(&db).await,
+        keys("killed", 1..=total),
+        "every row exactly once"
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
 // ---------------------------------------------------------------- overlapping executions
 
 #[tokio::test]

@@ -6,8 +6,10 @@ use gcp_bigquery_client::model::field_type::FieldType;
 use gcp_bigquery_client::model::table_cell::TableCell;
 use serde_json::json;
 
+use gcp_bigquery_client::model::table_schema::TableSchema;
+
 use super::*;
-use crate::config::CursorSpec;
+use crate::config::{CursorSpec, PayloadSpec};
 
 fn stream() -> Stream {
     Stream {

@@ -190,7 +190,7 @@ fn an_unsupported_key_type_is_named() {
 
 #[test]
 fn the_sample_streams_file_is_valid() {
-    let text = include_str!("../../examples/streams.toml");
+    let text = include_str!("../../../examples/streams.toml");
     let c = StreamsConfig::parse(text, "examples/streams.toml", &options())
         .expect("examples/streams.toml is valid");
     let names: Vec<&str> = c.streams.iter().map(|s| s.name.as_str()).collect();
