@@ -35,7 +35,8 @@ use crate::mapping::Mapper;
 use crate::report::{Progress, StreamOutcome, StreamSummary};
 
 /// Runs `stream` once (or dry-runs it): everything new since its watermark ends up in the outbox.
-#[tracing::instrument(skip_all, fields(stream = %stream.name), err)]
+// No `err` here: the job logs a failed stream once, where it is handled.
+#[tracing::instrument(skip_all, fields(stream = %stream.name))]
 pub async fn run_stream<A: Api>(
     pool: &PgPool,
     bq: &BigQuery<A>,
