@@ -32,11 +32,16 @@ CREATE TABLE pubsub_outbox (
     CONSTRAINT pubsub_outbox_dedupe_key_key UNIQUE (dedupe_key)
 );
 
--- The claim query walks due, unpublished rows in (next_attempt_at, id) order. A partial index keeps
--- it small: published rows that are retained never enter it.
+-- Unordered claims walk due, unpublished, unkeyed rows in (next_attempt_at, id) order. Partial: rows
+-- with an ordering key and retained published rows never enter it.
 CREATE INDEX pubsub_outbox_claimable_idx
     ON pubsub_outbox (next_attempt_at, id)
-    WHERE published_at IS NULL;
+    WHERE published_at IS NULL AND ordering_key IS NULL;
+
+-- Ordered claims walk keys: the head (lowest id) of each (topic, ordering_key) and the rows behind it.
+CREATE INDEX pubsub_outbox_key_idx
+    ON pubsub_outbox (topic, ordering_key, id)
+    WHERE published_at IS NULL AND ordering_key IS NOT NULL;
 
 -- Purging retained published rows in small batches, oldest first.
 CREATE INDEX pubsub_outbox_published_idx

@@ -1,16 +1,20 @@
-//! Fault injection in front of the real Pub/Sub publisher: chosen messages (by dedupe key) fail
-//! with a chosen gRPC code, the rest go to the emulator. Like the real client, a failed message
-//! pauses its ordering key: later messages of that key in the same batch are not attempted.
+//! Fault injection in front of a publisher, for chaos testing a deployment and for the tests:
+//! a random fraction of messages (`--chaos-failure-rate`) or chosen messages (by dedupe key) fail
+//! with a chosen gRPC code; everything else goes to the real publisher. Like the official client,
+//! a failed message pauses its ordering key: later messages of that key in the same batch are not
+//! attempted. With no fault configured it is a pass-through.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use google_cloud_gax::error::rpc::Code;
-use outbox_dispatcher::classify::{FailureKind, PublishFailure, classify_code};
-use outbox_dispatcher::publisher::{BatchResult, Publish};
 use outbox_shared::ClaimedMessage;
 
-/// A fault: fail with `code`, `times` times (None: always).
+use crate::classify::{FailureKind, PublishFailure, classify_code};
+use crate::publisher::{BatchResult, Publish};
+
+/// A targeted fault: fail with `code`, `times` times (None: forever).
 #[derive(Debug, Clone, Copy)]
 pub struct Fault {
     /// The gRPC code to fail with.
@@ -19,65 +23,103 @@ pub struct Fault {
     pub times: Option<u32>,
 }
 
-/// Wraps a publisher and injects faults.
-#[derive(Debug)]
-pub struct FaultInjecting<P> {
-    inner: P,
-    faults: Mutex<HashMap<String, Fault>>,
-    /// Every (dedupe key) the inner publisher accepted, in publish order.
-    pub published: Mutex<Vec<String>>,
+/// Parses a gRPC code name such as `UNAVAILABLE` (case-insensitive).
+pub fn parse_code(name: &str) -> Option<Code> {
+    (0..=16)
+        .map(Code::from)
+        .find(|c| c.name().eq_ignore_ascii_case(name))
 }
 
-impl<P: Publish> FaultInjecting<P> {
-    /// Wraps `inner` with no faults.
-    pub fn new(inner: P) -> Self {
+/// Wraps a publisher and injects faults.
+#[derive(Debug)]
+pub struct Chaos<P> {
+    inner: P,
+    rate: f64,
+    code: Code,
+    targeted: Mutex<HashMap<String, Fault>>,
+    has_targets: AtomicBool,
+    record: AtomicBool,
+    published: Mutex<Vec<String>>,
+}
+
+impl<P: Publish> Chaos<P> {
+    /// Fails a `rate` fraction (0..=1) of message publishes with `code`.
+    pub fn new(inner: P, rate: f64, code: Code) -> Self {
         Self {
             inner,
-            faults: Mutex::default(),
+            rate: rate.clamp(0.0, 1.0),
+            code,
+            targeted: Mutex::default(),
+            has_targets: AtomicBool::new(false),
+            record: AtomicBool::new(false),
             published: Mutex::default(),
         }
     }
 
-    /// Makes the message with `dedupe_key` fail.
-    pub fn fail(&self, dedupe_key: &str, fault: Fault) {
-        self.faults
-            .lock()
-            .expect("faults lock")
-            .insert(dedupe_key.to_owned(), fault);
+    /// A pass-through until [`Chaos::fail`] is called.
+    pub fn passthrough(inner: P) -> Self {
+        Self::new(inner, 0.0, Code::Unavailable)
     }
 
-    fn take_fault(&self, dedupe_key: &str) -> Option<Code> {
-        let mut faults = self.faults.lock().expect("faults lock");
-        let fault = faults.get_mut(dedupe_key)?;
-        match &mut fault.times {
-            None => Some(fault.code),
-            Some(0) => None,
-            Some(n) => {
-                *n -= 1;
-                Some(fault.code)
+    /// Makes the message with `dedupe_key` fail.
+    pub fn fail(&self, dedupe_key: &str, fault: Fault) {
+        if let Ok(mut t) = self.targeted.lock() {
+            t.insert(dedupe_key.to_owned(), fault);
+        }
+        self.has_targets.store(true, Ordering::Release);
+    }
+
+    /// Stops failing the message with `dedupe_key`.
+    pub fn heal(&self, dedupe_key: &str) {
+        if let Ok(mut t) = self.targeted.lock() {
+            t.remove(dedupe_key);
+        }
+    }
+
+    /// Starts recording the dedupe keys the inner publisher accepted, in order.
+    pub fn record_published(&self) {
+        self.record.store(true, Ordering::Release);
+    }
+
+    /// The dedupe keys published so far (when recording), in publish order.
+    pub fn published(&self) -> Vec<String> {
+        self.published.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+
+    fn fault_for(&self, dedupe_key: &str) -> Option<Code> {
+        if self.has_targets.load(Ordering::Acquire)
+            && let Ok(mut targeted) = self.targeted.lock()
+            && let Some(fault) = targeted.get_mut(dedupe_key)
+        {
+            match &mut fault.times {
+                None => return Some(fault.code),
+                Some(0) => {}
+                Some(n) => {
+                    *n -= 1;
+                    return Some(fault.code);
+                }
             }
         }
+        (self.rate > 0.0 && fastrand::f64() < self.rate).then_some(self.code)
     }
 }
 
-impl<P: Publish> Publish for FaultInjecting<P> {
+impl<P: Publish> Publish for Chaos<P> {
     async fn publish(&self, batch: &[ClaimedMessage]) -> BatchResult {
         let mut results: Vec<Option<Result<String, PublishFailure>>> = vec![None; batch.len()];
-        let mut paused: HashSet<(String, String)> = HashSet::new();
-        let mut forward = Vec::new();
-        let mut forward_idx = Vec::new();
+        let mut paused: HashSet<(&str, &str)> = HashSet::new();
+        let mut forward = Vec::with_capacity(batch.len());
+        let mut forward_idx = Vec::with_capacity(batch.len());
         for (i, m) in batch.iter().enumerate() {
-            let key = m.ordering_key.clone().map(|k| (m.topic.clone(), k));
-            if let Some(k) = &key
-                && paused.contains(k)
-            {
+            let key = m.ordering_key.as_deref().map(|k| (m.topic.as_str(), k));
+            if key.is_some_and(|k| paused.contains(&k)) {
                 results[i] = Some(Err(PublishFailure {
                     kind: FailureKind::NotAttempted,
-                    message: "ordering key paused (injected)".into(),
+                    message: "ordering key paused after an injected fault".into(),
                 }));
                 continue;
             }
-            if let Some(code) = self.take_fault(&m.dedupe_key) {
+            if let Some(code) = self.fault_for(&m.dedupe_key) {
                 results[i] = Some(Err(PublishFailure {
                     kind: classify_code(code),
                     message: format!("{}: injected fault", code.name()),
@@ -90,19 +132,31 @@ impl<P: Publish> Publish for FaultInjecting<P> {
             forward.push(m.clone());
             forward_idx.push(i);
         }
-        let inner = self.inner.publish(&forward).await;
-        {
-            let mut log = self.published.lock().expect("published lock");
-            for ((i, r), m) in forward_idx.iter().zip(inner).zip(&forward) {
-                if r.is_ok() {
-                    log.push(m.dedupe_key.clone());
-                }
-                results[*i] = Some(r);
+        let inner = if forward.is_empty() {
+            Vec::new()
+        } else {
+            self.inner.publish(&forward).await
+        };
+        let recording = self.record.load(Ordering::Acquire);
+        let mut log = Vec::new();
+        for ((i, result), m) in forward_idx.into_iter().zip(inner).zip(&forward) {
+            if recording && result.is_ok() {
+                log.push(m.dedupe_key.clone());
             }
+            results[i] = Some(result);
+        }
+        if recording && let Ok(mut p) = self.published.lock() {
+            p.extend(log);
         }
         results
             .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(PublishFailure::transient("no result"))))
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(PublishFailure::transient(
+                        "the publisher returned no result",
+                    ))
+                })
+            })
             .collect()
     }
 
@@ -112,5 +166,18 @@ impl<P: Publish> Publish for FaultInjecting<P> {
 
     fn resume(&self, topic: &str, ordering_key: &str) {
         self.inner.resume(topic, ordering_key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_code;
+    use google_cloud_gax::error::rpc::Code;
+
+    #[test]
+    fn code_names_parse_case_insensitively() {
+        assert_eq!(parse_code("UNAVAILABLE"), Some(Code::Unavailable));
+        assert_eq!(parse_code("not_found"), Some(Code::NotFound));
+        assert_eq!(parse_code("bogus"), None);
     }
 }

@@ -90,6 +90,24 @@ pub struct DispatchArgs {
     /// Only publish these topics (comma-separated; short names use --pubsub-project). Default: all.
     #[arg(long = "topic", env = "OUTBOX_TOPICS", value_delimiter = ',')]
     pub topics: Vec<String>,
+    /// Ordering keys visited per ordered claim (a round-robin walk over keys with pending rows).
+    #[arg(long, env = "OUTBOX_KEY_SCAN_LIMIT", default_value_t = 2000)]
+    pub key_scan_limit: i64,
+    /// Topics (comma-separated) whose ordering keys skip a dead-lettered message instead of
+    /// blocking behind it. Default: every key blocks until an operator replays or discards.
+    #[arg(
+        long = "ordering-skip-dead-letters",
+        env = "OUTBOX_ORDERING_SKIP_DEAD_LETTERS",
+        value_delimiter = ','
+    )]
+    pub skip_dead_letter_topics: Vec<String>,
+    /// Chaos testing: fail this fraction (0..=1) of message publishes on purpose, with
+    /// --chaos-failure-code. 0 (the default) disables it. Never set it in production.
+    #[arg(long, env = "OUTBOX_CHAOS_FAILURE_RATE", default_value_t = 0.0)]
+    pub chaos_failure_rate: f64,
+    /// Chaos testing: the gRPC code injected failures carry (e.g. UNAVAILABLE, NOT_FOUND).
+    #[arg(long, env = "OUTBOX_CHAOS_FAILURE_CODE", default_value = "UNAVAILABLE")]
+    pub chaos_failure_code: String,
     /// Address for /healthz, /readyz and /metrics.
     #[arg(long, env = "OUTBOX_LISTEN_ADDR", default_value = "0.0.0.0:9090")]
     pub listen_addr: SocketAddr,
@@ -126,6 +144,18 @@ impl DispatchArgs {
             return Err(format!(
                 "--backoff-jitter must be within 0..=1, got {}",
                 self.backoff_jitter
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.chaos_failure_rate) {
+            return Err(format!(
+                "--chaos-failure-rate must be within 0..=1, got {}",
+                self.chaos_failure_rate
+            ));
+        }
+        if crate::chaos::parse_code(&self.chaos_failure_code).is_none() {
+            return Err(format!(
+                "--chaos-failure-code {:?} is not a gRPC code name (e.g. UNAVAILABLE, NOT_FOUND)",
+                self.chaos_failure_code
             ));
         }
         if self.lock_timeout <= publish_timeout {

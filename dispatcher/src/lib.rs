@@ -8,11 +8,13 @@
 //! - [`publisher`]: the [`publisher::Publish`] seam and the official Pub/Sub client behind it.
 //! - [`classify`]: publish failures as transient / permanent / not attempted.
 //! - [`breaker`]: pauses claiming while Pub/Sub is unreachable.
+//! - [`chaos`]: fault injection in front of the publisher (chaos tests, `--chaos-failure-rate`).
 //! - [`metrics`], [`error`].
 //!
 //! All SQL lives in `outbox_shared::store`.
 
 pub mod breaker;
+pub mod chaos;
 pub mod classify;
 pub mod cli;
 pub mod error;

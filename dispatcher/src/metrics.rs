@@ -37,6 +37,8 @@ pub struct Metrics {
     pub oldest_due_age_seconds: Gauge<f64, AtomicU64>,
     /// 1 while the circuit breaker holds claiming because Pub/Sub is unreachable.
     pub breaker_open: Gauge,
+    /// Ordering keys held back by a dead-lettered message (an operator must act).
+    pub blocked_keys: Gauge,
 }
 
 impl Metrics {
@@ -54,6 +56,7 @@ impl Metrics {
             backlog: Gauge::default(),
             oldest_due_age_seconds: Gauge::default(),
             breaker_open: Gauge::default(),
+            blocked_keys: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("outbox");
         r.register(
@@ -110,6 +113,11 @@ impl Metrics {
             "breaker_open",
             "1 while claiming is paused because Pub/Sub is unreachable",
             m.breaker_open.clone(),
+        );
+        r.register(
+            "blocked_ordering_keys",
+            "Ordering keys held back by a dead-lettered message: replay or discard it",
+            m.blocked_keys.clone(),
         );
         m
     }

@@ -52,7 +52,7 @@ pub struct PubsubArgs {
     pub pubsub_project: String,
     /// Upper bound on one batch publish, client retries included. Keep it well below
     /// --lock-timeout.
-    #[arg(long, env = "OUTBOX_PUBLISH_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "OUTBOX_PUBLISH_TIMEOUT", default_value = "20s", value_parser = humantime::parse_duration)]
     pub publish_timeout: Duration,
     /// Name of the attribute that carries the dedupe key to consumers.
     #[arg(long, env = "OUTBOX_DEDUPE_ATTRIBUTE", default_value = "dedupe_key")]

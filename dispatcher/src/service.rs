@@ -15,9 +15,10 @@ use outbox_shared::health::{self, ReadinessCheck};
 use outbox_shared::message::full_topic_name;
 use outbox_shared::retry::RetrySchedule;
 use outbox_shared::shutdown::Shutdown;
-use outbox_shared::store::outbox;
+use outbox_shared::store::{dead_letter, outbox};
 
 use crate::breaker::Breaker;
+use crate::chaos::{self, Chaos};
 use crate::cli::Cli;
 use crate::error::DispatcherError;
 use crate::metrics::Metrics;
@@ -52,7 +53,17 @@ pub async fn run(cli: &Cli, shutdown: Shutdown) -> Result<(), DispatcherError> {
     if args.migrate {
         outbox_shared::db::migrate(&pool).await?;
     }
-    let publisher = Arc::new(PubsubPublisher::connect(&cli.pubsub).await?);
+    let publisher = PubsubPublisher::connect(&cli.pubsub).await?;
+    let code = chaos::parse_code(&args.chaos_failure_code)
+        .unwrap_or(google_cloud_gax::error::rpc::Code::Unavailable);
+    if args.chaos_failure_rate > 0.0 {
+        tracing::warn!(
+            rate = args.chaos_failure_rate,
+            code = code.name(),
+            "CHAOS: failing publishes on purpose"
+        );
+    }
+    let publisher = Arc::new(Chaos::new(publisher, args.chaos_failure_rate, code));
 
     let mut registry = Registry::default();
     let metrics = Arc::new(Metrics::register(&mut registry));
@@ -73,6 +84,12 @@ pub async fn run(cli: &Cli, shutdown: Shutdown) -> Result<(), DispatcherError> {
             jitter: args.backoff_jitter,
             max_attempts: args.max_attempts,
         },
+        key_scan_limit: args.key_scan_limit.max(1),
+        skip_dead_letter_topics: args
+            .skip_dead_letter_topics
+            .iter()
+            .map(|t| full_topic_name(&cli.pubsub.pubsub_project, t))
+            .collect(),
     };
     let breaker = Arc::new(Breaker::new(
         args.breaker_cooldown,
@@ -115,6 +132,7 @@ pub async fn run(cli: &Cli, shutdown: Shutdown) -> Result<(), DispatcherError> {
     background.spawn(sample_backlog(
         pool.clone(),
         metrics.clone(),
+        dispatch.settings.skip_dead_letter_topics.clone(),
         shutdown.clone(),
     ));
     if !args.retention.is_zero() {
@@ -226,17 +244,36 @@ async fn listen(pool: PgPool, channel: String, wakeup: Arc<Notify>, mut shutdown
     }
 }
 
-/// Refreshes the backlog gauges every 10 s (an index-only scan, capped).
-async fn sample_backlog(pool: PgPool, metrics: Arc<Metrics>, mut shutdown: Shutdown) {
+/// Refreshes the backlog and blocked-key gauges every 10 s (index-only scans, capped).
+async fn sample_backlog(
+    pool: PgPool,
+    metrics: Arc<Metrics>,
+    skip_topics: Vec<String>,
+    mut shutdown: Shutdown,
+) {
     loop {
         match pool.acquire().await {
-            Ok(mut conn) => match outbox::backlog(&mut conn, Utc::now(), BACKLOG_CAP).await {
-                Ok(b) => {
-                    metrics.backlog.set(b.pending);
-                    metrics.oldest_due_age_seconds.set(b.oldest_due_age_secs);
+            Ok(mut conn) => {
+                match outbox::backlog(&mut conn, Utc::now(), BACKLOG_CAP).await {
+                    Ok(b) => {
+                        metrics.backlog.set(b.pending);
+                        metrics.oldest_due_age_seconds.set(b.oldest_due_age_secs);
+                    }
+                    Err(e) => tracing::warn!(error = %e, "reading the backlog failed"),
                 }
-                Err(e) => tracing::warn!(error = %e, "reading the backlog failed"),
-            },
+                match dead_letter::blocked_keys(&mut conn, &skip_topics).await {
+                    Ok(n) => {
+                        metrics.blocked_keys.set(n);
+                        if n > 0 {
+                            tracing::error!(
+                                blocked_keys = n,
+                                "ordering keys are blocked by dead letters: replay or discard them"
+                            );
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "counting blocked ordering keys failed"),
+                }
+            }
             Err(e) => tracing::warn!(error = %e, "no database connection for the backlog gauges"),
         }
         tokio::select! { _ = tokio::time::sleep(Duration::from_secs(10)) => {}, _ = shutdown.requested() => return }
@@ -257,7 +294,7 @@ async fn purge(pool: PgPool, retention: Duration, interval: Duration, mut shutdo
                 }),
             };
             match deleted {
-                Ok(n) if n == 1000 => continue,
+                Ok(1000) => continue,
                 Ok(_) => break,
                 Err(e) => {
                     tracing::warn!(error = %e, "purging published rows failed; will retry");

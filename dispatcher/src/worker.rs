@@ -17,8 +17,9 @@ use outbox_shared::ClaimedMessage;
 use outbox_shared::limits::check_publishable;
 use outbox_shared::retry::{RetryDecision, RetrySchedule};
 use outbox_shared::shutdown::Shutdown;
+use outbox_shared::store::claim::{self, ClaimFilter, KeyCursor, OrderedClaim};
 use outbox_shared::store::dead_letter::{self, ErrorKind, Failure};
-use outbox_shared::store::outbox::{self, ClaimFilter, Retry};
+use outbox_shared::store::outbox::{self, Retry};
 
 use crate::breaker::Breaker;
 use crate::classify::FailureKind;
@@ -39,6 +40,10 @@ pub struct BatchSettings {
     pub dedupe_attribute: String,
     /// The retry schedule.
     pub schedule: RetrySchedule,
+    /// Ordering keys visited per ordered claim.
+    pub key_scan_limit: i64,
+    /// Topics whose ordering keys skip dead-lettered messages instead of blocking behind them.
+    pub skip_dead_letter_topics: Vec<String>,
 }
 
 /// Everything a worker shares with the other workers of its process.
@@ -58,6 +63,9 @@ pub struct Dispatch<P> {
     pub inflight_kib: Arc<Semaphore>,
     /// Total permits of `inflight_kib`.
     pub inflight_kib_total: u32,
+    /// Where the next ordered claim resumes its round-robin walk over keys (shared, so the
+    /// workers of a process spread over the keys).
+    pub key_cursor: std::sync::Mutex<KeyCursor>,
 }
 
 impl<P: Publish> Dispatch<P> {
@@ -81,6 +89,7 @@ impl<P: Publish> Dispatch<P> {
             breaker,
             inflight_kib: Arc::new(Semaphore::new(kib as usize)),
             inflight_kib_total: kib,
+            key_cursor: std::sync::Mutex::default(),
         }
     }
 }
@@ -130,12 +139,7 @@ pub async fn run_batch<P: Publish>(
             context: "starting a claim transaction",
             source,
         })?;
-    let filter = ClaimFilter {
-        now,
-        limit: d.settings.batch_size,
-        topics: d.settings.topics.as_deref(),
-    };
-    let claimed = outbox::claim_batch(&mut tx, &filter).await?;
+    let claimed = claim(d, &mut tx, now).await?;
     if claimed.is_empty() {
         // Nothing locked, nothing written: ending the transaction either way is the same.
         let _ = tx.rollback().await;
@@ -269,9 +273,60 @@ pub async fn run_batch<P: Publish>(
     d.metrics.retried.inc_by(retries.len() as u64);
     for f in &failures {
         d.metrics.dead_letter(f.kind.as_str(), 1);
-        tracing::warn!(outbox.id = f.id, error.kind = f.kind.as_str(), error = %f.error, "message dead-lettered");
+        let message = claimed.iter().find(|m| m.id == f.id);
+        match message.and_then(|m| m.ordering_key.as_deref().map(|k| (m, k))) {
+            Some((m, key)) if !d.settings.skip_dead_letter_topics.contains(&m.topic) => {
+                tracing::error!(
+                    outbox.id = f.id, outbox.dedupe_key = %m.dedupe_key, pubsub.topic = %m.topic, pubsub.ordering_key = key,
+                    error.kind = f.kind.as_str(), error = %f.error,
+                    "ordering key BLOCKED: its message was dead-lettered and later messages of the key wait; \
+                     replay or discard the dead letter to release it"
+                )
+            }
+            _ => {
+                tracing::warn!(outbox.id = f.id, error.kind = f.kind.as_str(), error = %f.error, "message dead-lettered")
+            }
+        }
     }
     Ok(BatchOutcome::Settled(settled))
+}
+
+/// Claims ordering keys first (whole keys, in id order), then fills the batch with unkeyed rows.
+async fn claim<P: Publish>(
+    d: &Dispatch<P>,
+    tx: &mut sqlx::PgConnection,
+    now: DateTime<Utc>,
+) -> Result<Vec<ClaimedMessage>, DispatcherError> {
+    let filter = ClaimFilter {
+        now,
+        limit: d.settings.batch_size,
+        topics: d.settings.topics.as_deref(),
+    };
+    let cursor = d.key_cursor.lock().map(|c| c.clone()).unwrap_or_default();
+    let ordered = OrderedClaim {
+        filter: filter.clone(),
+        scan_limit: d.settings.key_scan_limit,
+        skip_dead_letter_topics: &d.settings.skip_dead_letter_topics,
+    };
+    let keyed = claim::claim_ordered(tx, &ordered, &cursor).await?;
+    if let Ok(mut c) = d.key_cursor.lock() {
+        *c = keyed.next_cursor;
+    }
+    let mut claimed = keyed.messages;
+    let room = d.settings.batch_size - claimed.len() as i64;
+    if room > 0 {
+        claimed.extend(
+            claim::claim_batch(
+                tx,
+                &ClaimFilter {
+                    limit: room,
+                    ..filter
+                },
+            )
+            .await?,
+        );
+    }
+    Ok(claimed)
 }
 
 async fn commit(tx: sqlx::Transaction<'_, sqlx::Postgres>) -> Result<(), DispatcherError> {

@@ -202,17 +202,23 @@ pub async fn list(
 }
 
 /// Puts dead letters back into the outbox (attempts reset, due now) and removes them here.
-/// Returns the ids replayed. Dedupe keys still present in the outbox are left in place.
+/// A message keeps its original outbox id, so it goes out **ahead of** the later messages of its
+/// ordering key that waited behind it. Returns the ids replayed; a dead letter whose dedupe key is
+/// back in the outbox already is left in place.
 pub async fn replay(conn: &mut PgConnection, ids: &[i64]) -> Result<Vec<i64>> {
     sqlx::query_scalar(
         "WITH moved AS (
              DELETE FROM pubsub_outbox_dead_letter d
              WHERE d.id = ANY($1)
                AND NOT EXISTS (SELECT 1 FROM pubsub_outbox o WHERE o.dedupe_key = d.dedupe_key)
-             RETURNING d.id, d.topic, d.ordering_key, d.dedupe_key, d.payload, d.attributes, d.created_at
+             RETURNING d.id, d.outbox_id, d.topic, d.ordering_key, d.dedupe_key, d.payload,
+                       d.attributes, d.created_at
          ), inserted AS (
-             INSERT INTO pubsub_outbox (topic, ordering_key, dedupe_key, payload, attributes, created_at)
-             SELECT topic, ordering_key, dedupe_key, payload, attributes, created_at FROM moved ORDER BY id
+             INSERT INTO pubsub_outbox (id, topic, ordering_key, dedupe_key, payload, attributes, created_at)
+             OVERRIDING SYSTEM VALUE
+             SELECT COALESCE(outbox_id, nextval(pg_get_serial_sequence('pubsub_outbox', 'id'))),
+                    topic, ordering_key, dedupe_key, payload, attributes, created_at
+             FROM moved ORDER BY id
          )
          SELECT id FROM moved ORDER BY id",
     )
@@ -220,6 +226,19 @@ pub async fn replay(conn: &mut PgConnection, ids: &[i64]) -> Result<Vec<i64>> {
     .fetch_all(&mut *conn)
     .await
     .context("replaying dead letters into pubsub_outbox")
+}
+
+/// Ordering keys held back by a dead letter (topics in `skip_topics` do not block).
+pub async fn blocked_keys(conn: &mut PgConnection, skip_topics: &[String]) -> Result<i64> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM (
+             SELECT DISTINCT topic, ordering_key FROM pubsub_outbox_dead_letter
+             WHERE ordering_key IS NOT NULL AND NOT (topic = ANY($1))) k",
+    )
+    .bind(skip_topics)
+    .fetch_one(&mut *conn)
+    .await
+    .context("counting ordering keys blocked by dead letters")
 }
 
 /// Deletes dead letters for good. Returns the ids discarded.

@@ -5,6 +5,7 @@
 //! dispatcher claims and settles inside one transaction.
 
 pub mod audit;
+pub mod claim;
 pub mod dead_letter;
 pub mod notify;
 pub mod outbox;

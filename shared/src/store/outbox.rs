@@ -1,17 +1,23 @@
-//! `pubsub_outbox`: enqueue, claim, settle (published / retry), purge, backlog figures.
-//!
-//! Claim protocol: **row locks held in the claiming transaction** (see ARCHITECTURE.md). The
-//! dispatcher opens a transaction, [`claim_batch`] locks up to `limit` due rows with
-//! `FOR UPDATE SKIP LOCKED`, publishes them, settles every row in the same transaction and commits.
-//! A dispatcher that dies at any instant drops its connection; PostgreSQL rolls the transaction back
-//! and the rows are claimable again at once (a hung-but-connected process is bounded by
-//! `idle_in_transaction_session_timeout`, which the dispatcher sets per session).
+//! `pubsub_outbox`: enqueue, settle (published / retry), purge, backlog figures. Claiming lives in
+//! [`super::claim`].
 
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
 use crate::error::{DbContext, Result};
 use crate::message::{Attributes, ClaimedMessage, NewMessage};
+
+/// The columns of a message row, in `SELECT` order (see [`into_claimed`]).
+pub(crate) type ClaimRow = (
+    i64,
+    String,
+    Option<String>,
+    String,
+    Vec<u8>,
+    sqlx::types::Json<Attributes>,
+    i32,
+    DateTime<Utc>,
+);
 
 /// What [`enqueue_batch`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -70,62 +76,7 @@ pub async fn enqueue_batch(
     })
 }
 
-/// Which rows a claim may take.
-#[derive(Debug, Clone)]
-pub struct ClaimFilter<'a> {
-    /// Rows due at or before this instant.
-    pub now: DateTime<Utc>,
-    /// At most this many rows.
-    pub limit: i64,
-    /// Only these full topic names (None: every topic).
-    pub topics: Option<&'a [String]>,
-}
-
-type ClaimRow = (
-    i64,
-    String,
-    Option<String>,
-    String,
-    Vec<u8>,
-    sqlx::types::Json<Attributes>,
-    i32,
-    DateTime<Utc>,
-);
-
-/// Locks and returns up to `filter.limit` due rows, oldest due first, skipping rows other workers
-/// hold. Must run inside a transaction that the caller keeps open until the rows are settled.
-pub async fn claim_batch(
-    conn: &mut PgConnection,
-    filter: &ClaimFilter<'_>,
-) -> Result<Vec<ClaimedMessage>> {
-    // A materialized CTE bounds the locking to exactly `limit` rows and keeps a safe plan even
-    // when the plan cache switches to a generic plan; `id IN (SELECT … LIMIT … SKIP LOCKED)`
-    // inlined into the outer query can lock more rows than it returns and seq-scans generically.
-    let rows: Vec<ClaimRow> = sqlx::query_as(
-        "WITH claimed AS MATERIALIZED (
-             SELECT id FROM pubsub_outbox
-             WHERE published_at IS NULL
-               AND next_attempt_at <= $1
-               AND ($3::text[] IS NULL OR topic = ANY($3))
-             ORDER BY next_attempt_at, id
-             LIMIT $2
-             FOR UPDATE SKIP LOCKED)
-         SELECT o.id, o.topic, o.ordering_key, o.dedupe_key, o.payload, o.attributes,
-                o.attempts, o.created_at
-         FROM pubsub_outbox o
-         WHERE o.id IN (SELECT id FROM claimed)
-         ORDER BY o.id",
-    )
-    .bind(filter.now)
-    .bind(filter.limit)
-    .bind(filter.topics)
-    .fetch_all(&mut *conn)
-    .await
-    .context("claiming due rows from pubsub_outbox")?;
-    Ok(rows.into_iter().map(into_claimed).collect())
-}
-
-fn into_claimed(row: ClaimRow) -> ClaimedMessage {
+pub(crate) fn into_claimed(row: ClaimRow) -> ClaimedMessage {
     let (id, topic, ordering_key, dedupe_key, payload, attributes, attempts, created_at) = row;
     ClaimedMessage {
         id,
@@ -253,26 +204,39 @@ pub struct Backlog {
     pub oldest_due_age_secs: f64,
 }
 
-/// Counts unpublished rows (an index-only scan, stopped at `cap`) and the age of the oldest due row.
+/// Counts unpublished rows (index-only scans of the two partial indexes, each stopped at `cap`)
+/// and the age of the oldest row due now (keyed rows: among the oldest 100,000 ids, to stay cheap).
 pub async fn backlog(conn: &mut PgConnection, now: DateTime<Utc>, cap: i64) -> Result<Backlog> {
-    let (pending, oldest): (i64, Option<DateTime<Utc>>) = sqlx::query_as(
-        "SELECT
-             (SELECT count(*) FROM (SELECT 1 FROM pubsub_outbox WHERE published_at IS NULL LIMIT $2) s),
-             (SELECT min(created_at) FROM (
-                  SELECT created_at FROM pubsub_outbox
-                  WHERE published_at IS NULL AND next_attempt_at <= $1
-                  ORDER BY next_attempt_at, id LIMIT 1000) d)",
-    )
-    .bind(now)
-    .bind(cap)
-    .fetch_one(&mut *conn)
-    .await
-    .context("reading the pubsub_outbox backlog")?;
+    let (unkeyed, keyed, oldest_unkeyed, oldest_keyed): (i64, i64, Option<DateTime<Utc>>, Option<DateTime<Utc>>) =
+        sqlx::query_as(
+            "SELECT
+                 (SELECT count(*) FROM (SELECT 1 FROM pubsub_outbox
+                      WHERE published_at IS NULL AND ordering_key IS NULL LIMIT $2) s),
+                 (SELECT count(*) FROM (SELECT 1 FROM pubsub_outbox
+                      WHERE published_at IS NULL AND ordering_key IS NOT NULL LIMIT $2) s),
+                 (SELECT min(created_at) FROM (
+                      SELECT created_at FROM pubsub_outbox
+                      WHERE published_at IS NULL AND ordering_key IS NULL AND next_attempt_at <= $1
+                      ORDER BY next_attempt_at, id LIMIT 1000) d),
+                 (SELECT min(created_at) FROM (
+                      SELECT created_at, published_at, ordering_key, next_attempt_at FROM pubsub_outbox
+                      ORDER BY id LIMIT 100000) k
+                  WHERE published_at IS NULL AND ordering_key IS NOT NULL AND next_attempt_at <= $1)",
+        )
+        .bind(now)
+        .bind(cap)
+        .fetch_one(&mut *conn)
+        .await
+        .context("reading the pubsub_outbox backlog")?;
+    let oldest = match (oldest_unkeyed, oldest_keyed) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     let oldest_due_age_secs =
         oldest.map_or(0.0, |t| (now - t).num_milliseconds().max(0) as f64 / 1000.0);
     Ok(Backlog {
-        pending,
-        pending_capped: pending >= cap,
+        pending: unkeyed + keyed,
+        pending_capped: unkeyed >= cap || keyed >= cap,
         oldest_due_age_secs,
     })
 }

@@ -12,18 +12,18 @@ use prometheus_client::registry::Registry;
 use sqlx::PgPool;
 
 use harness::db::TestDb;
-use harness::faults::{Fault, FaultInjecting};
 use harness::process::{Process, free_port, http_get};
 use harness::proxy::TcpProxy;
 use harness::pubsub::{Received, TestTopic};
 use outbox_dispatcher::breaker::Breaker;
+use outbox_dispatcher::chaos::{Chaos, Fault};
 use outbox_dispatcher::metrics::Metrics;
 use outbox_dispatcher::publisher::{Publish, PubsubArgs, PubsubPublisher};
 use outbox_dispatcher::worker::{BatchOutcome, BatchSettings, Dispatch, run_batch};
 use outbox_dispatcher::{Cli, service};
 use outbox_shared::NewMessage;
 use outbox_shared::retry::RetrySchedule;
-use outbox_shared::store::{dead_letter, outbox};
+use outbox_shared::store::{claim, dead_letter, outbox};
 
 fn message(topic: &str, key: &str, attrs: &[(&str, &str)]) -> NewMessage {
     NewMessage {
@@ -92,6 +92,8 @@ fn dispatch<P: Publish>(pool: &PgPool, publisher: P, batch_size: i64) -> Dispatc
         retain_published: false,
         dedupe_attribute: "dedupe_key".to_owned(),
         schedule: schedule(),
+        key_scan_limit: 1000,
+        skip_dead_letter_topics: Vec::new(),
     };
     Dispatch::new(
         pool.clone(),
@@ -267,12 +269,12 @@ async fn concurrent_claims_never_overlap() {
     let mut seen = Vec::new();
     for _ in 0..4 {
         let mut tx = db.pool.begin().await.expect("begin");
-        let filter = outbox::ClaimFilter {
+        let filter = claim::ClaimFilter {
             now: Utc::now(),
             limit: 100,
             topics: None,
         };
-        let claimed = outbox::claim_batch(&mut tx, &filter).await.expect("claim");
+        let claimed = claim::claim_batch(&mut tx, &filter).await.expect("claim");
         seen.extend(claimed.iter().map(|m| m.id));
         txs.push(tx);
     }
@@ -354,7 +356,7 @@ async fn transient_failures_advance_attempts_on_schedule_then_dead_letter_with_t
         ],
     )
     .await;
-    let faulty = FaultInjecting::new(real_publisher().await);
+    let faulty = Chaos::passthrough(real_publisher().await);
     faulty.fail(
         "flaky",
         Fault {
@@ -377,7 +379,7 @@ async fn transient_failures_advance_attempts_on_schedule_then_dead_letter_with_t
             matches!(outcome, BatchOutcome::Settled(_)),
             "settled, not an outage: {outcome:?}"
         );
-        let row = outbox::get(&mut *db.pool.acquire().await.expect("conn"), id)
+        let row = outbox::get(&mut db.pool.acquire().await.expect("conn"), id)
             .await
             .expect("read")
             .expect("still queued");
@@ -414,7 +416,7 @@ async fn transient_failures_advance_attempts_on_schedule_then_dead_letter_with_t
         0,
         "the outbox is empty"
     );
-    let dead = dead_letter::list(&mut *db.pool.acquire().await.expect("conn"), None, 10)
+    let dead = dead_letter::list(&mut db.pool.acquire().await.expect("conn"), None, 10)
         .await
         .expect("list");
     assert_eq!(dead.len(), 1, "the flaky message is dead-lettered");
@@ -462,7 +464,7 @@ async fn permanent_failures_are_dead_lettered_with_the_reason_and_the_rest_of_th
     };
     assert_eq!((s.published, s.dead_lettered, s.retried), (3, 3, 0));
 
-    let dead = dead_letter::list(&mut *db.pool.acquire().await.expect("conn"), None, 10)
+    let dead = dead_letter::list(&mut db.pool.acquire().await.expect("conn"), None, 10)
         .await
         .expect("list");
     let reasons: HashMap<&str, (&str, &str)> = dead
@@ -691,10 +693,15 @@ async fn sigterm_with_a_batch_in_flight_exits_zero_within_the_grace_period_and_s
         .map(|i| message(&topic.topic, &format!("m{i}"), &[]))
         .collect();
     enqueue(&db.pool, &msgs).await;
-    let in_flight = "SELECT count(*) FROM pg_stat_activity
-                     WHERE application_name = 'pubsub-outbox-dispatcher' AND state = 'idle in transaction'";
+    // In flight = every row is locked by the dispatcher's claim transaction.
+    let in_flight =
+        "SELECT count(*) = 0 FROM (SELECT 1 FROM pubsub_outbox FOR UPDATE SKIP LOCKED) s";
     let started = Instant::now();
-    while count(&db.pool, in_flight).await == 0 {
+    while !sqlx::query_scalar::<_, bool>(in_flight)
+        .fetch_one(&db.pool)
+        .await
+        .expect("lock probe")
+    {
         assert!(
             started.elapsed() < Duration::from_secs(20),
             "a batch gets claimed; log:\n{}",

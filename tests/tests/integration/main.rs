@@ -3,4 +3,5 @@
 
 mod dispatcher;
 mod foundation;
+mod ordering;
 mod producer;

@@ -1,0 +1,334 @@
+//! Claiming due `pubsub_outbox` rows for publishing.
+//!
+//! Claim protocol: **row locks held in the claiming transaction** (see ARCHITECTURE.md). The
+//! dispatcher opens a transaction, claims with `FOR UPDATE SKIP LOCKED`, publishes, settles every
+//! row in the same transaction and commits. A dispatcher that dies at any instant drops its
+//! connection; PostgreSQL rolls back and the rows are claimable again at once (a hung but connected
+//! process is bounded by `idle_in_transaction_session_timeout`, set per dispatcher session).
+//!
+//! Two claims, because ordering needs a different unit of exclusion:
+//! - [`claim_batch`]: rows **without** an ordering key, oldest due first; any worker may take any.
+//! - [`claim_ordered`]: **keys**. A worker takes a (topic, ordering key) with a transaction-scoped
+//!   advisory lock, then the rows of that key from its head (lowest id) in id order, stopping at the
+//!   first row that is not due. So one key is only ever in one worker's hands, a key whose head
+//!   waits for a retry (or sits in the dead-letter table) holds back only its own rows, and every
+//!   other key flows. Keys are visited round-robin from a cursor, so a few busy or blocked keys
+//!   cannot starve the rest.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+
+use crate::error::{DbContext, Result};
+use crate::message::{Attributes, ClaimedMessage};
+use crate::store::outbox::{ClaimRow, into_claimed};
+
+/// Which rows a claim may take.
+#[derive(Debug, Clone)]
+pub struct ClaimFilter<'a> {
+    /// Rows due at or before this instant.
+    pub now: DateTime<Utc>,
+    /// At most this many rows.
+    pub limit: i64,
+    /// Only these full topic names (None: every topic).
+    pub topics: Option<&'a [String]>,
+}
+
+/// Locks and returns up to `filter.limit` due rows **without an ordering key**, oldest due first,
+/// skipping rows other workers hold. Run inside a transaction kept open until they are settled.
+pub async fn claim_batch(
+    conn: &mut PgConnection,
+    filter: &ClaimFilter<'_>,
+) -> Result<Vec<ClaimedMessage>> {
+    // A materialized CTE bounds the locking to exactly `limit` rows and keeps a safe plan even
+    // when the plan cache switches to a generic plan; `id IN (SELECT … LIMIT … SKIP LOCKED)`
+    // inlined into the outer query can lock more rows than it returns and seq-scans generically.
+    let rows: Vec<ClaimRow> = sqlx::query_as(
+        "WITH claimed AS MATERIALIZED (
+             SELECT id FROM pubsub_outbox
+             WHERE published_at IS NULL AND ordering_key IS NULL
+               AND next_attempt_at <= $1
+               AND ($3::text[] IS NULL OR topic = ANY($3))
+             ORDER BY next_attempt_at, id
+             LIMIT $2
+             FOR UPDATE SKIP LOCKED)
+         SELECT o.id, o.topic, o.ordering_key, o.dedupe_key, o.payload, o.attributes,
+                o.attempts, o.created_at
+         FROM pubsub_outbox o
+         WHERE o.id IN (SELECT id FROM claimed)
+         ORDER BY o.id",
+    )
+    .bind(filter.now)
+    .bind(filter.limit)
+    .bind(filter.topics)
+    .fetch_all(&mut *conn)
+    .await
+    .context("claiming due rows from pubsub_outbox")?;
+    Ok(rows.into_iter().map(into_claimed).collect())
+}
+
+/// Where the round-robin walk over ordering keys resumes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyCursor {
+    /// Last key visited: topic.
+    pub topic: String,
+    /// Last key visited: ordering key.
+    pub ordering_key: String,
+}
+
+/// How an ordered claim walks keys.
+#[derive(Debug, Clone)]
+pub struct OrderedClaim<'a> {
+    /// Due time, row limit and topic filter.
+    pub filter: ClaimFilter<'a>,
+    /// Visit at most this many keys (heads) per claim.
+    pub scan_limit: i64,
+    /// Topics whose keys skip dead-lettered messages instead of blocking behind them.
+    pub skip_dead_letter_topics: &'a [String],
+}
+
+/// What [`claim_ordered`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OrderedBatch {
+    /// Claimed rows, grouped by key, each key in id order.
+    pub messages: Vec<ClaimedMessage>,
+    /// Where the next claim should resume.
+    pub next_cursor: KeyCursor,
+    /// Keys taken.
+    pub keys: usize,
+}
+
+type KeyedRow = (
+    Option<String>,
+    Option<String>,
+    i64,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<Vec<u8>>,
+    Option<sqlx::types::Json<Attributes>>,
+    Option<i32>,
+    Option<DateTime<Utc>>,
+    Option<DateTime<Utc>>,
+);
+
+/// Claims whole ordering keys (see the module doc) and returns the publishable prefix of each:
+/// its rows from the head in id order, up to the first row not yet due.
+pub async fn claim_ordered(
+    conn: &mut PgConnection,
+    claim: &OrderedClaim<'_>,
+    cursor: &KeyCursor,
+) -> Result<OrderedBatch> {
+    let f = &claim.filter;
+    // heads: a recursive skip-scan over (topic, ordering_key, id) visiting one head per key.
+    // picked: keys whose head is due, not blocked by a dead letter, and not held by another
+    // worker. The CASE keeps the advisory lock last: a key is only locked once it qualifies, and
+    // the CTE stops pulling (and locking) once `limit` keys are picked.
+    let rows: Vec<KeyedRow> = sqlx::query_as(
+        "WITH RECURSIVE heads(topic, ordering_key, due, n) AS (
+             (SELECT o.topic, o.ordering_key, o.next_attempt_at, 1
+              FROM pubsub_outbox o
+              WHERE o.published_at IS NULL AND o.ordering_key IS NOT NULL
+                AND (o.topic, o.ordering_key) > ($1, $2)
+              ORDER BY o.topic, o.ordering_key, o.id
+              LIMIT 1)
+             UNION ALL
+             SELECT nx.topic, nx.ordering_key, nx.next_attempt_at, h.n + 1
+             FROM heads h
+             CROSS JOIN LATERAL (
+                 SELECT o.topic, o.ordering_key, o.next_attempt_at
+                 FROM pubsub_outbox o
+                 WHERE o.published_at IS NULL AND o.ordering_key IS NOT NULL
+                   AND (o.topic, o.ordering_key) > (h.topic, h.ordering_key)
+                 ORDER BY o.topic, o.ordering_key, o.id
+                 LIMIT 1) nx
+             WHERE h.n < $3
+         ),
+         scanned AS MATERIALIZED (SELECT * FROM heads),
+         picked AS MATERIALIZED (
+             SELECT s.topic, s.ordering_key FROM scanned s
+             WHERE CASE WHEN s.due <= $4
+                         AND ($5::text[] IS NULL OR s.topic = ANY($5))
+                         AND (s.topic = ANY($6) OR NOT EXISTS (
+                              SELECT 1 FROM pubsub_outbox_dead_letter d
+                              WHERE d.topic = s.topic AND d.ordering_key = s.ordering_key))
+                    THEN pg_try_advisory_xact_lock(hashtextextended(s.topic || E'\\n' || s.ordering_key, 7431))
+                    ELSE false END
+             LIMIT $7
+         ),
+         share AS (SELECT GREATEST(1, $7 / GREATEST(1, (SELECT count(*) FROM picked)))::bigint AS per_key),
+         claimed AS (
+             SELECT r.* FROM picked p
+             CROSS JOIN LATERAL (
+                 SELECT o.id, o.topic, o.ordering_key, o.dedupe_key, o.payload, o.attributes,
+                        o.attempts, o.created_at, o.next_attempt_at
+                 FROM pubsub_outbox o
+                 WHERE o.topic = p.topic AND o.ordering_key = p.ordering_key AND o.published_at IS NULL
+                 ORDER BY o.id
+                 LIMIT (SELECT per_key FROM share)
+                 FOR UPDATE OF o) r
+         )
+         SELECT (SELECT topic FROM scanned ORDER BY n DESC LIMIT 1),
+                (SELECT ordering_key FROM scanned ORDER BY n DESC LIMIT 1),
+                (SELECT count(*) FROM scanned),
+                c.id, c.topic, c.ordering_key, c.dedupe_key, c.payload, c.attributes, c.attempts,
+                c.created_at, c.next_attempt_at
+         FROM (SELECT 1) one LEFT JOIN claimed c ON true
+         ORDER BY c.topic, c.ordering_key, c.id",
+    )
+    .bind(&cursor.topic)
+    .bind(&cursor.ordering_key)
+    .bind(claim.scan_limit)
+    .bind(f.now)
+    .bind(f.topics)
+    .bind(claim.skip_dead_letter_topics)
+    .bind(f.limit)
+    .fetch_all(&mut *conn)
+    .await
+    .context("claiming ordering keys from pubsub_outbox")?;
+
+    let mut scanned = 0;
+    let mut last: Option<(String, String)> = None;
+    let mut found = Vec::new();
+    for row in rows {
+        let (
+            last_topic,
+            last_key,
+            n,
+            id,
+            topic,
+            key,
+            dedupe,
+            payload,
+            attributes,
+            attempts,
+            created_at,
+            due,
+        ) = row;
+        scanned = n;
+        if let (Some(t), Some(k)) = (last_topic, last_key) {
+            last = Some((t, k));
+        }
+        // The LEFT JOIN yields one all-NULL row when no key was picked.
+        let (
+            Some(id),
+            Some(topic),
+            Some(dedupe_key),
+            Some(payload),
+            Some(attributes),
+            Some(attempts),
+            Some(created_at),
+            Some(due),
+        ) = (
+            id, topic, dedupe, payload, attributes, attempts, created_at, due,
+        )
+        else {
+            continue;
+        };
+        let message = ClaimedMessage {
+            id,
+            topic,
+            ordering_key: key,
+            dedupe_key,
+            payload,
+            attributes: attributes.0,
+            attempts,
+            created_at,
+        };
+        found.push((message, due));
+    }
+    let messages = publishable_prefixes(found, f.now);
+    let next_cursor = match last {
+        Some((topic, ordering_key)) if scanned >= claim.scan_limit => KeyCursor {
+            topic,
+            ordering_key,
+        },
+        // The walk reached the last key: start again from the first.
+        _ => KeyCursor::default(),
+    };
+    let keys = count_keys(&messages);
+    Ok(OrderedBatch {
+        messages,
+        next_cursor,
+        keys,
+    })
+}
+
+/// Keeps, for each key, its rows from the head in id order up to (not including) the first row
+/// that is not due: a message may only go out once every earlier message of its key has.
+/// `rows` must be grouped by key with each key in id order (as the claim returns them).
+pub fn publishable_prefixes(
+    rows: Vec<(ClaimedMessage, DateTime<Utc>)>,
+    now: DateTime<Utc>,
+) -> Vec<ClaimedMessage> {
+    let mut out = Vec::with_capacity(rows.len());
+    let mut blocked: Option<(String, Option<String>)> = None;
+    for (message, due) in rows {
+        let key = (message.topic.clone(), message.ordering_key.clone());
+        if blocked.as_ref() == Some(&key) {
+            continue;
+        }
+        if due > now {
+            blocked = Some(key);
+            continue;
+        }
+        out.push(message);
+    }
+    out
+}
+
+fn count_keys(messages: &[ClaimedMessage]) -> usize {
+    let mut keys: Vec<(&str, Option<&str>)> = messages
+        .iter()
+        .map(|m| (m.topic.as_str(), m.ordering_key.as_deref()))
+        .collect();
+    keys.dedup();
+    keys.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(id: i64, key: &str) -> ClaimedMessage {
+        ClaimedMessage {
+            id,
+            topic: "projects/p/topics/t".into(),
+            ordering_key: Some(key.into()),
+            dedupe_key: format!("d{id}"),
+            payload: vec![],
+            attributes: Attributes::new(),
+            attempts: 0,
+            created_at: Utc::now(),
+        }
+    }
+
+    #[test]
+    fn a_key_stops_at_its_first_row_that_is_not_due() {
+        let now = Utc::now();
+        let later = now + chrono::Duration::seconds(30);
+        let rows = vec![
+            (msg(1, "a"), now),
+            (msg(2, "a"), later),
+            (msg(3, "a"), now),
+            (msg(4, "b"), later),
+            (msg(5, "b"), now),
+            (msg(6, "c"), now),
+            (msg(7, "c"), now),
+        ];
+        let ids: Vec<i64> = publishable_prefixes(rows, now)
+            .iter()
+            .map(|m| m.id)
+            .collect();
+        assert_eq!(
+            ids,
+            vec![1, 6, 7],
+            "a stops before 2, b is blocked at its head, c flows"
+        );
+    }
+
+    #[test]
+    fn keys_are_counted_once_each() {
+        assert_eq!(count_keys(&[msg(1, "a"), msg(2, "a"), msg(3, "b")]), 2);
+    }
+}
