@@ -378,12 +378,7 @@ async fn a_crash_between_chunks_then_a_rerun_leaves_each_source_row_in_the_outbo
 
 #[tokio::test]
 async fn a_producer_process_killed_mid_run_loses_and_duplicates_nothing_on_rerun() {
-    let Some(binary) = producer_binary() else {
-        eprintln!(
-            "producer binary not built (cargo build -p pubsub-outbox-producer): test skipped"
-        );
-        return;
-    };
+    let binary = harness::process::binary("producer");
     let db = TestDb::new().await;
     let table = TestTable::create(orders_schema()).await;
     let total = 3000;
@@ -918,10 +913,7 @@ payload = { columns = ["id"] }
     );
 
     // The binary, when built (`cargo build -p pubsub-outbox-producer`): non-zero exit, message on stderr.
-    let Some(binary) = producer_binary() else {
-        eprintln!("producer binary not built; only the library path was checked");
-        return;
-    };
+    let binary = harness::process::binary("producer");
     let output = std::process::Command::new(binary)
         .args(["run", "--config"])
         .arg(&path)
@@ -942,13 +934,6 @@ payload = { columns = ["id"] }
         "stderr names the stream: {stderr}"
     );
     let _ = std::fs::remove_file(&path);
-}
-
-/// `target/<profile>/producer` next to this test binary (`target/<profile>/deps/integration-…`).
-fn producer_binary() -> Option<std::path::PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let path = exe.parent()?.parent()?.join("producer");
-    path.exists().then_some(path)
 }
 
 #[tokio::test]
