@@ -25,7 +25,7 @@ use outbox_shared::NewMessage;
 use outbox_shared::retry::RetrySchedule;
 use outbox_shared::store::{claim, dead_letter, outbox};
 
-fn message(topic: &str, key: &str, attrs: &[(&str, &str)]) -> NewMessage {
+pub(crate) fn message(topic: &str, key: &str, attrs: &[(&str, &str)]) -> NewMessage {
     NewMessage {
         topic: topic.to_owned(),
         ordering_key: None,
@@ -38,7 +38,7 @@ fn message(topic: &str, key: &str, attrs: &[(&str, &str)]) -> NewMessage {
     }
 }
 
-async fn enqueue(pool: &PgPool, messages: &[NewMessage]) {
+pub(crate) async fn enqueue(pool: &PgPool, messages: &[NewMessage]) {
     let mut tx = pool.begin().await.expect("begin");
     outbox::enqueue_batch(&mut tx, messages)
         .await
@@ -46,14 +46,14 @@ async fn enqueue(pool: &PgPool, messages: &[NewMessage]) {
     tx.commit().await.expect("commit");
 }
 
-async fn count(pool: &PgPool, sql: &str) -> i64 {
+pub(crate) async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql)
         .fetch_one(pool)
         .await
         .expect("count query")
 }
 
-fn pubsub_args(host: &str) -> PubsubArgs {
+pub(crate) fn pubsub_args(host: &str) -> PubsubArgs {
     PubsubArgs {
         pubsub_emulator_host: Some(host.to_owned()),
         pubsub_endpoint: None,
@@ -64,13 +64,13 @@ fn pubsub_args(host: &str) -> PubsubArgs {
     }
 }
 
-async fn real_publisher() -> PubsubPublisher {
+pub(crate) async fn real_publisher() -> PubsubPublisher {
     PubsubPublisher::connect(&pubsub_args(&harness::env::pubsub_emulator_host()))
         .await
         .expect("publisher connects")
 }
 
-fn schedule() -> RetrySchedule {
+pub(crate) fn schedule() -> RetrySchedule {
     RetrySchedule {
         base: Duration::from_secs(2),
         cap: Duration::from_secs(60),
@@ -79,7 +79,7 @@ fn schedule() -> RetrySchedule {
     }
 }
 
-fn dispatch<P: Publish>(pool: &PgPool, publisher: P, batch_size: i64) -> Dispatch<P> {
+pub(crate) fn dispatch<P: Publish>(pool: &PgPool, publisher: P, batch_size: i64) -> Dispatch<P> {
     let metrics = Arc::new(Metrics::register(&mut Registry::default()));
     let breaker = Arc::new(Breaker::new(
         Duration::from_millis(100),
@@ -106,7 +106,7 @@ fn dispatch<P: Publish>(pool: &PgPool, publisher: P, batch_size: i64) -> Dispatc
 }
 
 /// Waits until no unpublished row is left, or panics after `limit`.
-async fn wait_drained(pool: &PgPool, limit: Duration) {
+pub(crate) async fn wait_drained(pool: &PgPool, limit: Duration) {
     let started = Instant::now();
     loop {
         let left = count(
@@ -125,7 +125,7 @@ async fn wait_drained(pool: &PgPool, limit: Duration) {
     }
 }
 
-fn by_dedupe_key(received: &[Received]) -> HashMap<String, usize> {
+pub(crate) fn by_dedupe_key(received: &[Received]) -> HashMap<String, usize> {
     let mut counts = HashMap::new();
     for m in received {
         *counts.entry(m.dedupe_key().to_owned()).or_insert(0) += 1;
@@ -133,7 +133,7 @@ fn by_dedupe_key(received: &[Received]) -> HashMap<String, usize> {
     counts
 }
 
-fn cli(db: &TestDb, pubsub_host: &str, listen: &str, extra: &[&str]) -> Cli {
+pub(crate) fn cli(db: &TestDb, pubsub_host: &str, listen: &str, extra: &[&str]) -> Cli {
     let mut args = vec![
         "dispatcher",
         "--database-url",

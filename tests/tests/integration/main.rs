@@ -2,6 +2,8 @@
 //! and bqemulator (start them with `scripts/services up`).
 
 mod dispatcher;
+mod dispatcher_options;
 mod foundation;
 mod ordering;
 mod producer;
+mod services;
