@@ -103,6 +103,7 @@ fn a_missing_java_is_reported_with_how_to_install_it() {
         "says how to fix it: {stderr}"
     );
     services(&state, "down", &[]);
+    let _ = std::fs::remove_dir_all(&bin);
 }
 
 #[test]
@@ -136,4 +137,5 @@ fn a_missing_python_is_reported_and_down_stops_what_up_started() {
             "{service} of ours is not left running: {text}"
         );
     }
+    let _ = std::fs::remove_dir_all(&bin);
 }
