@@ -1,0 +1,127 @@
+# The producer: a Cloud Run Job that reads what is new in BigQuery since each stream's watermark,
+# enqueues it into pubsub_outbox and exits. Cloud Scheduler starts one execution per tick
+# (scheduler.tf). Overlapping executions are safe: a stream already running elsewhere is skipped
+# (OUTBOX_PRODUCER_ON_OVERLAP=skip) under a per-stream advisory lock.
+
+resource "google_cloud_run_v2_job" "producer" {
+  name                = "${var.name_prefix}-producer"
+  location            = var.region
+  deletion_protection = var.deletion_protection
+
+  template {
+    # Streams are split over the tasks: task i runs the streams at sorted positions p with
+    # p % task_count == i (CLOUD_RUN_TASK_INDEX / CLOUD_RUN_TASK_COUNT, set by Cloud Run).
+    task_count  = var.producer_task_count
+    parallelism = var.producer_task_count
+
+    template {
+      service_account = google_service_account.producer.email
+      # Per attempt. On timeout the task gets SIGTERM: the producer stops at a page boundary; the
+      # committed pages and watermark stay, and the next run resumes there.
+      timeout = var.producer_timeout
+      # A retry resumes from the last committed page (exit 1); a config error (exit 2) fails again.
+      max_retries           = var.producer_max_retries
+      execution_environment = "EXECUTION_ENVIRONMENT_GEN2"
+
+      # Cloud SQL has only a private IP: route private ranges through the VPC.
+      vpc_access {
+        network_interfaces {
+          network    = var.network
+          subnetwork = var.run_subnetwork
+        }
+        egress = "PRIVATE_RANGES_ONLY"
+      }
+
+      containers {
+        image = var.producer_image
+        args  = ["run"]
+
+        resources {
+          limits = {
+            cpu    = var.producer_cpu
+            memory = var.producer_memory
+          }
+        }
+
+        env {
+          name  = "OUTBOX_LOG_FORMAT"
+          value = "json"
+        }
+        env {
+          name  = "OUTBOX_PRODUCER_CONFIG"
+          value = "/etc/pubsub-outbox/streams.toml"
+        }
+        env {
+          # postgres://USER:PASSWORD@localhost/DB?host=/cloudsql/PROJECT:REGION:INSTANCE
+          name = "DATABASE_URL"
+          value_source {
+            secret_key_ref {
+              secret  = google_secret_manager_secret.producer_database_url.secret_id
+              version = "latest"
+            }
+          }
+        }
+        env {
+          # Streams run one after the other on one dedicated connection (which holds the
+          # stream's lock); the pool only serves the odd statement around it.
+          name  = "OUTBOX_DB_POOL_SIZE"
+          value = "2"
+        }
+        env {
+          name  = "BIGQUERY_PROJECT_ID"
+          value = local.bigquery_project_id
+        }
+        env {
+          # For short topic names in the streams file.
+          name  = "PUBSUB_PROJECT_ID"
+          value = var.project_id
+        }
+        env {
+          # The default, spelled out: a tick that finds a stream still running skips it.
+          name  = "OUTBOX_PRODUCER_ON_OVERLAP"
+          value = "skip"
+        }
+
+        volume_mounts {
+          name       = "cloudsql"
+          mount_path = "/cloudsql"
+        }
+        volume_mounts {
+          name       = "streams"
+          mount_path = "/etc/pubsub-outbox"
+        }
+      }
+
+      # Cloud Run's built-in Cloud SQL connection (an Auth Proxy run by the platform): a Unix
+      # socket at /cloudsql/PROJECT:REGION:INSTANCE/.s.PGSQL.5432. The instance has no public IP,
+      # so it connects over the private IP through the VPC egress above.
+      volumes {
+        name = "cloudsql"
+        cloud_sql_instance {
+          instances = [google_sql_database_instance.outbox.connection_name]
+        }
+      }
+
+      volumes {
+        name = "streams"
+        secret {
+          secret       = google_secret_manager_secret.producer_streams.secret_id
+          default_mode = 292 # 0444
+          items {
+            version = "latest"
+            path    = "streams.toml"
+          }
+        }
+      }
+    }
+  }
+
+  depends_on = [
+    google_project_service.enabled,
+    google_secret_manager_secret_version.producer_streams,
+    google_secret_manager_secret_version.producer_database_url,
+    google_secret_manager_secret_iam_member.producer_reads_streams,
+    google_secret_manager_secret_iam_member.producer_reads_database_url,
+    google_project_iam_member.producer_cloudsql_client,
+  ]
+}

@@ -1,0 +1,31 @@
+# pubsub-outbox on Google Cloud: Pub/Sub topics, the Cloud SQL (PostgreSQL) outbox database, the
+# service accounts, the producer as a scheduled Cloud Run Job. The dispatcher itself runs on GKE
+# from deploy/k8s (this configuration creates its Google service account and grants).
+terraform {
+  required_version = ">= 1.5.0"
+
+  required_providers {
+    google = {
+      source  = "hashicorp/google"
+      version = "~> 6.0"
+    }
+    random = {
+      source  = "hashicorp/random"
+      version = "~> 3.6"
+    }
+  }
+
+  # The state holds the database password (random_password, google_sql_user and the secret
+  # versions): keep it in an access-controlled bucket, not on a laptop.
+  # backend "gcs" {
+  #   bucket = "TFSTATE_BUCKET"
+  #   prefix = "pubsub-outbox"
+  # }
+}
+
+provider "google" {
+  project = var.project_id
+  region  = var.region
+  # Applied to every resource that takes labels.
+  default_labels = merge({ app = var.name_prefix }, var.labels)
+}
