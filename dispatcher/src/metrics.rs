@@ -114,6 +114,14 @@ impl Metrics {
             "1 while claiming is paused because Pub/Sub is unreachable",
             m.breaker_open.clone(),
         );
+        // Every labelled series exists from the start (at 0), so alerts on increases work from the
+        // first failure.
+        for kind in ["transient", "permanent", "limit", "not_attempted"] {
+            m.fail(kind, 0);
+        }
+        for kind in ["permanent", "exhausted"] {
+            m.dead_letter(kind, 0);
+        }
         r.register(
             "blocked_ordering_keys",
             "Ordering keys held back by a dead-lettered message: replay or discard it",

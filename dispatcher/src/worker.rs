@@ -149,9 +149,13 @@ pub async fn run_batch<P: Publish>(
     d.metrics.batch_size.observe(claimed.len() as f64);
 
     // Local limit checks: a message that can never be published costs no round trip.
+    // Messages move (no copies): the sendable ones to the publisher, the others beside their
+    // failure, for the log.
+    let claimed_count = claimed.len();
     let mut rejected = Vec::new();
-    let mut sendable: Vec<ClaimedMessage> = Vec::with_capacity(claimed.len());
-    for m in claimed.iter() {
+    let mut rejected_messages = Vec::new();
+    let mut sendable: Vec<ClaimedMessage> = Vec::with_capacity(claimed_count);
+    for m in claimed {
         match check_publishable(
             &m.payload,
             &m.attributes,
@@ -159,7 +163,7 @@ pub async fn run_batch<P: Publish>(
             &d.settings.dedupe_attribute,
             &m.dedupe_key,
         ) {
-            Ok(()) => sendable.push(m.clone()),
+            Ok(()) => sendable.push(m),
             Err(violation) => {
                 d.metrics.fail("limit", 1);
                 rejected.push(Failure {
@@ -168,6 +172,7 @@ pub async fn run_batch<P: Publish>(
                     kind: ErrorKind::Permanent,
                     error: format!("rejected before publishing: {violation}"),
                 });
+                rejected_messages.push(m);
             }
         }
     }
@@ -175,7 +180,7 @@ pub async fn run_batch<P: Publish>(
     let results = publish_bounded(d, &sendable).await;
 
     let mut settled = Settled {
-        claimed: claimed.len(),
+        claimed: claimed_count,
         ..Settled::default()
     };
     let mut published: Vec<(i64, String)> = Vec::new();
@@ -246,7 +251,7 @@ pub async fn run_batch<P: Publish>(
         d.metrics.dead_letter("permanent", rejected.len() as u64);
         d.breaker.trip(topic, &probe_error);
         resume(d, &paused_keys);
-        let released = claimed.len() - rejected.len();
+        let released = claimed_count - rejected.len();
         return Ok(BatchOutcome::Outage {
             error: format!("{error} (probe: {probe_error})"),
             released,
@@ -273,7 +278,7 @@ pub async fn run_batch<P: Publish>(
     d.metrics.retried.inc_by(retries.len() as u64);
     for f in &failures {
         d.metrics.dead_letter(f.kind.as_str(), 1);
-        let message = claimed.iter().find(|m| m.id == f.id);
+        let message = sendable.iter().chain(&rejected_messages).find(|m| m.id == f.id);
         match message.and_then(|m| m.ordering_key.as_deref().map(|k| (m, k))) {
             Some((m, key)) if !d.settings.skip_dead_letter_topics.contains(&m.topic) => {
                 tracing::error!(

@@ -55,14 +55,17 @@ pub async fn connect_with_settings(
         .application_name(application_name)
         .options(settings.iter().map(|(k, v)| (*k, v.as_str())));
     let started = Instant::now();
+    let budget = args.connect_timeout;
+    // Each attempt is bounded too (a black-holed address would otherwise hang in connect), and
+    // the whole retry loop by `budget`, so --db-connect-timeout is a real upper bound.
+    let per_attempt = budget.clamp(Duration::from_millis(200), Duration::from_secs(10));
     let attempt = || {
         PgPoolOptions::new()
             .max_connections(args.pool_size.max(1))
-            .acquire_timeout(Duration::from_secs(10))
+            .acquire_timeout(per_attempt)
             .connect_with(options.clone())
     };
-    let budget = args.connect_timeout;
-    attempt
+    let retrying = attempt
         .retry(
             ExponentialBuilder::default()
                 .with_min_delay(Duration::from_millis(200))
@@ -73,8 +76,12 @@ pub async fn connect_with_settings(
         .when(|e| !matches!(e, sqlx::Error::Configuration(_)))
         .notify(|e, wait| {
             tracing::warn!(error = %e, retry_in = ?wait, url = %masked, "PostgreSQL not reachable yet; retrying");
-        })
-        .await
+        });
+    let result = match tokio::time::timeout(budget + per_attempt, retrying).await {
+        Ok(result) => result,
+        Err(_) => Err(sqlx::Error::PoolTimedOut),
+    };
+    result
         .map_err(|source| Error::Connect { url: masked.clone(), waited: started.elapsed(), source })
 }
 
