@@ -1,24 +1,20 @@
 //! Strict per-key ordering across processes, failures and SIGKILL; per-key head-of-line blocking.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use google_cloud_gax::error::rpc::Code;
-use prometheus_client::registry::Registry;
 use sqlx::PgPool;
 
 use harness::db::TestDb;
 use harness::process::Process;
 use harness::pubsub::{Received, TestTopic};
-use outbox_dispatcher::breaker::Breaker;
+
+use super::dispatcher::{dispatch, real_publisher};
 use outbox_dispatcher::chaos::{Chaos, Fault};
-use outbox_dispatcher::metrics::Metrics;
-use outbox_dispatcher::publisher::{PubsubArgs, PubsubPublisher};
-use outbox_dispatcher::worker::{BatchOutcome, BatchSettings, Dispatch, run_batch};
+use outbox_dispatcher::worker::{BatchOutcome, Dispatch, run_batch};
 use outbox_shared::NewMessage;
-use outbox_shared::retry::RetrySchedule;
 use outbox_shared::store::{dead_letter, outbox};
 
 const KEYS: usize = 200;
@@ -225,35 +221,6 @@ async fn a_sigkill_mid_run_loses_nothing_and_first_arrivals_keep_enqueue_order()
     );
 }
 
-fn in_process(
-    pool: &PgPool,
-    publisher: Chaos<PubsubPublisher>,
-) -> Dispatch<Chaos<PubsubPublisher>> {
-    let metrics = Arc::new(Metrics::register(&mut Registry::default()));
-    let breaker = Arc::new(Breaker::new(
-        Duration::from_millis(100),
-        Duration::from_secs(1),
-        metrics.breaker_open.clone(),
-    ));
-    let settings = BatchSettings {
-        batch_size: 100,
-        topics: None,
-        retain_published: false,
-        dedupe_attribute: "dedupe_key".to_owned(),
-        schedule: RetrySchedule::default(),
-        key_scan_limit: 1000,
-        skip_dead_letter_topics: Vec::new(),
-    };
-    Dispatch::new(
-        pool.clone(),
-        Arc::new(publisher),
-        settings,
-        metrics,
-        breaker,
-        64 << 20,
-    )
-}
-
 async fn drain<P: outbox_dispatcher::publisher::Publish>(d: &Dispatch<P>) {
     for _ in 0..1000 {
         if run_batch(d, Utc::now()).await.expect("batch runs") == BatchOutcome::Empty {
@@ -291,18 +258,7 @@ async fn a_permanently_failing_message_blocks_only_its_key_until_discarded_or_re
         .expect("enqueue");
     tx.commit().await.expect("commit");
 
-    let publisher = Chaos::passthrough(
-        PubsubPublisher::connect(&PubsubArgs {
-            pubsub_emulator_host: Some(harness::env::pubsub_emulator_host()),
-            pubsub_endpoint: None,
-            pubsub_project: harness::env::pubsub_project(),
-            publish_timeout: Duration::from_secs(10),
-            dedupe_attribute: "dedupe_key".to_owned(),
-            publish_delay: Duration::from_millis(1),
-        })
-        .await
-        .expect("publisher"),
-    );
+    let publisher = Chaos::passthrough(real_publisher().await);
     publisher.record_published();
     publisher.fail(
         &dedupe(3, 2),
@@ -318,7 +274,7 @@ async fn a_permanently_failing_message_blocks_only_its_key_until_discarded_or_re
             times: None,
         },
     );
-    let d = in_process(&db.pool, publisher);
+    let d = dispatch(&db.pool, publisher, 100);
     drain(&d).await;
 
     let expected_left: Vec<String> = (3..per_key)
