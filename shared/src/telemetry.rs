@@ -125,6 +125,45 @@ mod tests {
     use tracing::Level;
 
     #[test]
+    fn json_lines_carry_severity_message_fields_and_spans() {
+        use std::sync::{Arc, Mutex};
+        #[derive(Clone, Default)]
+        struct Buffer(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buffer {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().expect("buffer").extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .event_format(super::CloudJson)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("batch");
+            let _guard = span.enter();
+            tracing::warn!(outbox.id = 7, retried = true, "publish failed");
+        });
+        let text = String::from_utf8(buffer.0.lock().expect("buffer").clone()).expect("utf-8");
+        let line: serde_json::Value =
+            serde_json::from_str(text.trim()).expect("one JSON object per line");
+        assert_eq!(line["severity"], "WARNING");
+        assert_eq!(line["message"], "publish failed");
+        assert_eq!(line["outbox.id"], 7);
+        assert_eq!(line["retried"], true);
+        assert_eq!(line["spans"], "batch");
+        assert!(
+            line["time"].as_str().is_some_and(|t| t.ends_with('Z')),
+            "RFC 3339 UTC time: {line}"
+        );
+    }
+
+    #[test]
     fn levels_map_to_cloud_logging_severities() {
         assert_eq!(severity(&Level::WARN), "WARNING");
         assert_eq!(severity(&Level::TRACE), "DEBUG");
