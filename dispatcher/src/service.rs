@@ -244,13 +244,16 @@ async fn listen(pool: PgPool, channel: String, wakeup: Arc<Notify>, mut shutdown
     }
 }
 
-/// Refreshes the backlog and blocked-key gauges every 10 s (index-only scans, capped).
+/// Refreshes the backlog and blocked-key gauges every 10 s (index-only scans, capped), and logs
+/// progress once a minute while there is traffic or a backlog.
 async fn sample_backlog(
     pool: PgPool,
     metrics: Arc<Metrics>,
     skip_topics: Vec<String>,
     mut shutdown: Shutdown,
 ) {
+    let mut last_published = metrics.published.get();
+    let mut last_report = std::time::Instant::now();
     loop {
         match pool.acquire().await {
             Ok(mut conn) => {
@@ -258,6 +261,22 @@ async fn sample_backlog(
                     Ok(b) => {
                         metrics.backlog.set(b.pending);
                         metrics.oldest_due_age_seconds.set(b.oldest_due_age_secs);
+                        let elapsed = last_report.elapsed();
+                        if elapsed >= Duration::from_secs(60) {
+                            let published = metrics.published.get();
+                            let delta = published - last_published;
+                            if delta > 0 || b.pending > 0 {
+                                tracing::info!(
+                                    published = delta,
+                                    per_second = (delta as f64 / elapsed.as_secs_f64()).round(),
+                                    backlog = b.pending,
+                                    oldest_due_age_secs = b.oldest_due_age_secs,
+                                    "progress"
+                                );
+                            }
+                            last_published = published;
+                            last_report = std::time::Instant::now();
+                        }
                     }
                     Err(e) => tracing::warn!(error = %e, "reading the backlog failed"),
                 }
