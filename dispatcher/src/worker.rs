@@ -278,7 +278,10 @@ pub async fn run_batch<P: Publish>(
     d.metrics.retried.inc_by(retries.len() as u64);
     for f in &failures {
         d.metrics.dead_letter(f.kind.as_str(), 1);
-        let message = sendable.iter().chain(&rejected_messages).find(|m| m.id == f.id);
+        let message = sendable
+            .iter()
+            .chain(&rejected_messages)
+            .find(|m| m.id == f.id);
         match message.and_then(|m| m.ordering_key.as_deref().map(|k| (m, k))) {
             Some((m, key)) if !d.settings.skip_dead_letter_topics.contains(&m.topic) => {
                 tracing::error!(

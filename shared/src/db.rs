@@ -81,8 +81,11 @@ pub async fn connect_with_settings(
         Ok(result) => result,
         Err(_) => Err(sqlx::Error::PoolTimedOut),
     };
-    result
-        .map_err(|source| Error::Connect { url: masked.clone(), waited: started.elapsed(), source })
+    result.map_err(|source| Error::Connect {
+        url: masked.clone(),
+        waited: started.elapsed(),
+        source,
+    })
 }
 
 /// Applies every pending migration (idempotent: applied ones are skipped).
