@@ -8,12 +8,14 @@
 //!
 //! Two claims, because ordering needs a different unit of exclusion:
 //! - [`claim_batch`]: rows **without** an ordering key, oldest due first; any worker may take any.
-//! - [`claim_ordered`]: **keys**. A worker takes a (topic, ordering key) with a transaction-scoped
-//!   advisory lock, then the rows of that key from its head (lowest id) in id order, stopping at the
-//!   first row that is not due. So one key is only ever in one worker's hands, a key whose head
-//!   waits for a retry (or sits in the dead-letter table) holds back only its own rows, and every
-//!   other key flows. Keys are visited round-robin from a cursor, so a few busy or blocked keys
-//!   cannot starve the rest.
+//! - [`claim_ordered`]: **keys**. A worker takes a (topic, ordering key) by locking its head row
+//!   (lowest unpublished id) with `FOR UPDATE SKIP LOCKED`, then the rows behind it in id order,
+//!   stopping at the first row that is not due. So one key is only ever in one worker's hands, a
+//!   key whose head waits for a retry (or sits in the dead-letter table) holds back only its own
+//!   rows, and every other key flows. Keys are visited round-robin from a cursor, so a few busy or
+//!   blocked keys cannot starve the rest. Row locks live in the tuples, not in PostgreSQL's shared
+//!   lock table, so claiming thousands of keys cannot exhaust it (advisory locks per key could:
+//!   20,000 in one transaction failed with "out of shared memory" on a stock server).
 
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
@@ -120,23 +122,23 @@ pub async fn claim_ordered(
     cursor: &KeyCursor,
 ) -> Result<OrderedBatch> {
     let f = &claim.filter;
-    // heads: a recursive skip-scan over (topic, ordering_key, id) visiting one head per key.
-    // picked: keys whose head is due, not blocked by a dead letter, and not held by another
-    // worker. The CASE keeps the advisory lock last: a key is only locked once it qualifies, and
-    // the CTE stops pulling (and locking) once `limit` keys are picked.
+    // heads: a recursive skip-scan over (topic, ordering_key, id) visiting one head per key,
+    // evaluated lazily: it stops once `limit` keys are picked. picked: keys whose head is due, not
+    // blocked by a dead letter, and not locked by another worker (the head row lock is the key
+    // lock; the lateral locks a head only once its key qualifies).
     let rows: Vec<KeyedRow> = sqlx::query_as(
-        "WITH RECURSIVE heads(topic, ordering_key, due, n) AS (
-             (SELECT o.topic, o.ordering_key, o.next_attempt_at, 1
+        "WITH RECURSIVE heads(id, topic, ordering_key, due, n) AS (
+             (SELECT o.id, o.topic, o.ordering_key, o.next_attempt_at, 1
               FROM pubsub_outbox o
               WHERE o.published_at IS NULL AND o.ordering_key IS NOT NULL
                 AND (o.topic, o.ordering_key) > ($1, $2)
               ORDER BY o.topic, o.ordering_key, o.id
               LIMIT 1)
              UNION ALL
-             SELECT nx.topic, nx.ordering_key, nx.next_attempt_at, h.n + 1
+             SELECT nx.id, nx.topic, nx.ordering_key, nx.next_attempt_at, h.n + 1
              FROM heads h
              CROSS JOIN LATERAL (
-                 SELECT o.topic, o.ordering_key, o.next_attempt_at
+                 SELECT o.id, o.topic, o.ordering_key, o.next_attempt_at
                  FROM pubsub_outbox o
                  WHERE o.published_at IS NULL AND o.ordering_key IS NOT NULL
                    AND (o.topic, o.ordering_key) > (h.topic, h.ordering_key)
@@ -144,16 +146,18 @@ pub async fn claim_ordered(
                  LIMIT 1) nx
              WHERE h.n < $3
          ),
-         scanned AS MATERIALIZED (SELECT * FROM heads),
          picked AS MATERIALIZED (
-             SELECT s.topic, s.ordering_key FROM scanned s
-             WHERE CASE WHEN s.due <= $4
-                         AND ($5::text[] IS NULL OR s.topic = ANY($5))
-                         AND (s.topic = ANY($6) OR NOT EXISTS (
-                              SELECT 1 FROM pubsub_outbox_dead_letter d
-                              WHERE d.topic = s.topic AND d.ordering_key = s.ordering_key))
-                    THEN pg_try_advisory_xact_lock(hashtextextended(s.topic || E'\\n' || s.ordering_key, 7431))
-                    ELSE false END
+             SELECT h.id, h.topic, h.ordering_key, h.n
+             FROM heads h
+             CROSS JOIN LATERAL (
+                 SELECT o.id FROM pubsub_outbox o
+                 WHERE o.id = h.id AND o.published_at IS NULL AND o.next_attempt_at <= $4
+                 FOR UPDATE OF o SKIP LOCKED) head
+             WHERE h.due <= $4
+               AND ($5::text[] IS NULL OR h.topic = ANY($5))
+               AND (h.topic = ANY($6) OR NOT EXISTS (
+                    SELECT 1 FROM pubsub_outbox_dead_letter d
+                    WHERE d.topic = h.topic AND d.ordering_key = h.ordering_key))
              LIMIT $7
          ),
          share AS (SELECT GREATEST(1, $7 / GREATEST(1, (SELECT count(*) FROM picked)))::bigint AS per_key),
@@ -167,13 +171,20 @@ pub async fn claim_ordered(
                  ORDER BY o.id
                  LIMIT (SELECT per_key FROM share)
                  FOR UPDATE OF o) r
+         ),
+         -- Resume after the last key picked when the batch filled up (the walk stopped there);
+         -- otherwise after the last key visited, or from the start when the walk reached the end.
+         walk AS (
+             SELECT CASE WHEN (SELECT count(*) FROM picked) >= $7
+                         THEN (SELECT ARRAY[topic, ordering_key] FROM picked ORDER BY n DESC LIMIT 1)
+                         ELSE (SELECT ARRAY[topic, ordering_key] FROM heads ORDER BY n DESC LIMIT 1) END AS last,
+                    CASE WHEN (SELECT count(*) FROM picked) >= $7 THEN $3::bigint
+                         ELSE (SELECT count(*) FROM heads) END AS visited
          )
-         SELECT (SELECT topic FROM scanned ORDER BY n DESC LIMIT 1),
-                (SELECT ordering_key FROM scanned ORDER BY n DESC LIMIT 1),
-                (SELECT count(*) FROM scanned),
+         SELECT w.last[1], w.last[2], w.visited,
                 c.id, c.topic, c.ordering_key, c.dedupe_key, c.payload, c.attributes, c.attempts,
                 c.created_at, c.next_attempt_at
-         FROM (SELECT 1) one LEFT JOIN claimed c ON true
+         FROM walk w LEFT JOIN claimed c ON true
          ORDER BY c.topic, c.ordering_key, c.id",
     )
     .bind(&cursor.topic)
