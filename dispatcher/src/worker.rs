@@ -7,6 +7,7 @@
 //! everything back (the rows are claimed again; published ones are re-sent: at-least-once).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -66,6 +67,8 @@ pub struct Dispatch<P> {
     /// Where the next ordered claim resumes its round-robin walk over keys (shared, so the
     /// workers of a process spread over the keys).
     pub key_cursor: std::sync::Mutex<KeyCursor>,
+    /// Ordering keys per claim, adapted to the backlog (see `claim`).
+    pub keys_per_claim: AtomicI64,
 }
 
 impl<P: Publish> Dispatch<P> {
@@ -78,6 +81,7 @@ impl<P: Publish> Dispatch<P> {
         breaker: Arc<Breaker>,
         max_inflight_bytes: u64,
     ) -> Self {
+        let batch_keys = settings.batch_size.max(1);
         let kib = u32::try_from(max_inflight_bytes / 1024)
             .unwrap_or(u32::MAX)
             .max(1);
@@ -90,9 +94,13 @@ impl<P: Publish> Dispatch<P> {
             inflight_kib: Arc::new(Semaphore::new(kib as usize)),
             inflight_kib_total: kib,
             key_cursor: std::sync::Mutex::default(),
+            keys_per_claim: AtomicI64::new(batch_keys),
         }
     }
 }
+
+/// The fewest ordering keys a claim adapts down to.
+const MIN_KEYS_PER_CLAIM: i64 = 4;
 
 /// What one batch did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -311,12 +319,26 @@ async fn claim<P: Publish>(
         topics: d.settings.topics.as_deref(),
     };
     let cursor = d.key_cursor.lock().map(|c| c.clone()).unwrap_or_default();
+    let max_keys = d.keys_per_claim.load(Ordering::Relaxed);
     let ordered = OrderedClaim {
         filter: filter.clone(),
         scan_limit: d.settings.key_scan_limit,
         skip_dead_letter_topics: &d.settings.skip_dead_letter_topics,
+        max_keys,
     };
     let keyed = claim::claim_ordered(tx, &ordered, &cursor).await?;
+    // Adapt the keys per claim to the backlog's shape: when most keys had more rows than their
+    // share, take fewer keys (more rows each, fewer publish requests, and keys left for other
+    // workers); when the key limit was the bottleneck, take more.
+    let batch = d.settings.batch_size;
+    let adjusted = if keyed.keys > 0 && keyed.saturated_keys * 2 > keyed.keys {
+        (max_keys / 2).max(MIN_KEYS_PER_CLAIM.min(batch))
+    } else if keyed.keys as i64 >= max_keys {
+        (max_keys * 2).min(batch)
+    } else {
+        max_keys
+    };
+    d.keys_per_claim.store(adjusted, Ordering::Relaxed);
     if let Ok(mut c) = d.key_cursor.lock() {
         *c = keyed.next_cursor;
     }

@@ -86,6 +86,8 @@ pub struct OrderedClaim<'a> {
     pub scan_limit: i64,
     /// Topics whose keys skip dead-lettered messages instead of blocking behind them.
     pub skip_dead_letter_topics: &'a [String],
+    /// Take at most this many keys; the row limit is shared evenly among the keys taken.
+    pub max_keys: i64,
 }
 
 /// What [`claim_ordered`] found.
@@ -97,6 +99,9 @@ pub struct OrderedBatch {
     pub next_cursor: KeyCursor,
     /// Keys taken.
     pub keys: usize,
+    /// Keys that had more rows than their share of the row limit (fewer keys per claim would
+    /// have filled the batch with fewer publish requests).
+    pub saturated_keys: usize,
 }
 
 type KeyedRow = (
@@ -158,7 +163,7 @@ pub async fn claim_ordered(
                AND (h.topic = ANY($6) OR NOT EXISTS (
                     SELECT 1 FROM pubsub_outbox_dead_letter d
                     WHERE d.topic = h.topic AND d.ordering_key = h.ordering_key))
-             LIMIT $7
+             LIMIT $8
          ),
          share AS (SELECT GREATEST(1, $7 / GREATEST(1, (SELECT count(*) FROM picked)))::bigint AS per_key),
          claimed AS (
@@ -169,16 +174,17 @@ pub async fn claim_ordered(
                  FROM pubsub_outbox o
                  WHERE o.topic = p.topic AND o.ordering_key = p.ordering_key AND o.published_at IS NULL
                  ORDER BY o.id
-                 LIMIT (SELECT per_key FROM share)
+                 -- One row more than the share tells whether the key has more (see `truncate_shares`).
+                 LIMIT (SELECT per_key + 1 FROM share)
                  FOR UPDATE OF o) r
          ),
          -- Resume after the last key picked when the batch filled up (the walk stopped there);
          -- otherwise after the last key visited, or from the start when the walk reached the end.
          walk AS (
-             SELECT CASE WHEN (SELECT count(*) FROM picked) >= $7
+             SELECT CASE WHEN (SELECT count(*) FROM picked) >= $8
                          THEN (SELECT ARRAY[topic, ordering_key] FROM picked ORDER BY n DESC LIMIT 1)
                          ELSE (SELECT ARRAY[topic, ordering_key] FROM heads ORDER BY n DESC LIMIT 1) END AS last,
-                    CASE WHEN (SELECT count(*) FROM picked) >= $7 THEN $3::bigint
+                    CASE WHEN (SELECT count(*) FROM picked) >= $8 THEN $3::bigint
                          ELSE (SELECT count(*) FROM heads) END AS visited
          )
          SELECT w.last[1], w.last[2], w.visited,
@@ -194,6 +200,7 @@ pub async fn claim_ordered(
     .bind(f.topics)
     .bind(claim.skip_dead_letter_topics)
     .bind(f.limit)
+    .bind(claim.max_keys.clamp(1, f.limit.max(1)))
     .fetch_all(&mut *conn)
     .await
     .context("claiming ordering keys from pubsub_outbox")?;
@@ -248,6 +255,7 @@ pub async fn claim_ordered(
         };
         found.push((message, due));
     }
+    let (found, saturated_keys) = truncate_shares(found, f.limit);
     let messages = publishable_prefixes(found, f.now);
     let next_cursor = match last {
         Some((topic, ordering_key)) if scanned >= claim.scan_limit => KeyCursor {
@@ -261,6 +269,7 @@ pub async fn claim_ordered(
     Ok(OrderedBatch {
         messages,
         next_cursor,
+        saturated_keys,
         keys,
     })
 }
@@ -286,6 +295,39 @@ pub fn publishable_prefixes(
         out.push(message);
     }
     out
+}
+
+/// Cuts each key to its share of the row limit (`limit / keys`, as the claim computed it) and
+/// counts the keys that had more rows than that (the claim fetched one extra row to tell).
+fn truncate_shares(
+    found: Vec<(ClaimedMessage, DateTime<Utc>)>,
+    limit: i64,
+) -> (Vec<(ClaimedMessage, DateTime<Utc>)>, usize) {
+    let mut keys: Vec<(String, Option<String>)> = found
+        .iter()
+        .map(|(m, _)| (m.topic.clone(), m.ordering_key.clone()))
+        .collect();
+    keys.dedup();
+    let share = (usize::try_from(limit).unwrap_or(1) / keys.len().max(1)).max(1);
+    let mut out = Vec::with_capacity(found.len());
+    let mut saturated = 0;
+    let mut taken = 0;
+    let mut last: Option<(String, Option<String>)> = None;
+    for (m, due) in found {
+        let key = (m.topic.clone(), m.ordering_key.clone());
+        if last.as_ref() != Some(&key) {
+            last = Some(key);
+            taken = 0;
+        }
+        taken += 1;
+        if taken == share + 1 {
+            saturated += 1;
+        }
+        if taken <= share {
+            out.push((m, due));
+        }
+    }
+    (out, saturated)
 }
 
 fn count_keys(messages: &[ClaimedMessage]) -> usize {
@@ -336,6 +378,22 @@ mod tests {
             vec![1, 6, 7],
             "a stops before 2, b is blocked at its head, c flows"
         );
+    }
+
+    #[test]
+    fn shares_are_cut_and_keys_with_more_rows_are_counted() {
+        let now = Utc::now();
+        let rows = vec![
+            (msg(1, "a"), now),
+            (msg(2, "a"), now),
+            (msg(3, "a"), now),
+            (msg(4, "b"), now),
+        ];
+        // limit 4 over 2 keys: share 2; "a" brought a third row, so it has more.
+        let (kept, saturated) = truncate_shares(rows, 4);
+        let ids: Vec<i64> = kept.iter().map(|(m, _)| m.id).collect();
+        assert_eq!(ids, vec![1, 2, 4]);
+        assert_eq!(saturated, 1);
     }
 
     #[test]
