@@ -69,6 +69,20 @@ impl Process {
     }
 }
 
+/// Sends SIGTERM to every process and asserts each exits 0 within 30 s (its log otherwise).
+pub async fn terminate_all(procs: Vec<Process>) {
+    for p in &procs {
+        p.signal("TERM");
+    }
+    for mut p in procs {
+        let status = tokio::time::timeout(std::time::Duration::from_secs(30), p.child.wait())
+            .await
+            .expect("exits within 30 s of SIGTERM")
+            .expect("exit status");
+        assert!(status.success(), "clean exit; log:\n{}", p.log());
+    }
+}
+
 /// A free loopback port (bound then released).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -332,16 +332,7 @@ async fn two_dispatcher_processes_with_several_workers_publish_every_row_exactly
         dupes.is_empty(),
         "no row published twice without faults: {dupes:?}"
     );
-    for p in &procs {
-        p.signal("TERM");
-    }
-    for mut p in procs {
-        let status = tokio::time::timeout(Duration::from_secs(30), p.child.wait())
-            .await
-            .expect("exits")
-            .expect("status");
-        assert!(status.success(), "clean exit; log:\n{}", p.log());
-    }
+    harness::process::terminate_all(procs).await;
 }
 
 #[tokio::test]

@@ -141,19 +141,6 @@ fn spawn_dispatchers(db: &TestDb, n: usize, extra: &[&str]) -> Vec<Process> {
         .collect()
 }
 
-async fn stop(procs: Vec<Process>) {
-    for p in &procs {
-        p.signal("TERM");
-    }
-    for mut p in procs {
-        let status = tokio::time::timeout(Duration::from_secs(30), p.child.wait())
-            .await
-            .expect("exits")
-            .expect("status");
-        assert!(status.success(), "clean exit; log:\n{}", p.log());
-    }
-}
-
 #[tokio::test]
 async fn three_processes_with_injected_failures_publish_every_key_in_enqueue_order() {
     let db = TestDb::new().await;
@@ -161,7 +148,7 @@ async fn three_processes_with_injected_failures_publish_every_key_in_enqueue_ord
     enqueue_keyed(&db.pool, &topic.topic).await;
     let procs = spawn_dispatchers(&db, 3, &[]);
     wait_until(&db.pool, 0, Duration::from_secs(240), "drain").await;
-    stop(procs).await;
+    harness::process::terminate_all(procs).await;
 
     let received = topic.pull(KEYS * PER_KEY, Duration::from_secs(10)).await;
     assert_every_key_in_enqueue_order(&received, "delivery order");
@@ -200,7 +187,7 @@ async fn a_sigkill_mid_run_loses_nothing_and_first_arrivals_keep_enqueue_order()
         "drain after the kill",
     )
     .await;
-    stop(procs).await;
+    harness::process::terminate_all(procs).await;
 
     let received = topic
         .pull(KEYS * PER_KEY + 2000, Duration::from_secs(10))
