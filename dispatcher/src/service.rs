@@ -254,6 +254,8 @@ async fn sample_backlog(
 ) {
     let mut last_published = metrics.published.get();
     let mut last_report = std::time::Instant::now();
+    let mut last_blocked = 0;
+    let mut last_blocked_log = std::time::Instant::now();
     loop {
         match pool.acquire().await {
             Ok(mut conn) => {
@@ -283,12 +285,18 @@ async fn sample_backlog(
                 match dead_letter::blocked_keys(&mut conn, &skip_topics).await {
                     Ok(n) => {
                         metrics.blocked_keys.set(n);
-                        if n > 0 {
+                        // Alert-worthy but not every 10 s: when the count changes, else once a minute.
+                        if n > 0
+                            && (n != last_blocked
+                                || last_blocked_log.elapsed() >= Duration::from_secs(60))
+                        {
                             tracing::error!(
                                 blocked_keys = n,
                                 "ordering keys are blocked by dead letters: replay or discard them"
                             );
+                            last_blocked_log = std::time::Instant::now();
                         }
+                        last_blocked = n;
                     }
                     Err(e) => tracing::warn!(error = %e, "counting blocked ordering keys failed"),
                 }
