@@ -22,7 +22,7 @@ use sqlx::PgConnection;
 
 use crate::error::{DbContext, Result};
 use crate::message::{Attributes, ClaimedMessage};
-use crate::store::outbox::{ClaimRow, into_claimed};
+use crate::store::outbox::MessageRow;
 
 /// Which rows a claim may take.
 #[derive(Debug, Clone)]
@@ -44,7 +44,7 @@ pub async fn claim_batch(
     // A materialized CTE bounds the locking to exactly `limit` rows and keeps a safe plan even
     // when the plan cache switches to a generic plan; `id IN (SELECT … LIMIT … SKIP LOCKED)`
     // inlined into the outer query can lock more rows than it returns and seq-scans generically.
-    let rows: Vec<ClaimRow> = sqlx::query_as(
+    let rows: Vec<MessageRow> = sqlx::query_as(
         "WITH claimed AS MATERIALIZED (
              SELECT id FROM pubsub_outbox
              WHERE published_at IS NULL AND ordering_key IS NULL
@@ -65,7 +65,7 @@ pub async fn claim_batch(
     .fetch_all(&mut *conn)
     .await
     .context("claiming due rows from pubsub_outbox")?;
-    Ok(rows.into_iter().map(into_claimed).collect())
+    Ok(rows.into_iter().map(ClaimedMessage::from).collect())
 }
 
 /// Where the round-robin walk over ordering keys resumes.

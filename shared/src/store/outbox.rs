@@ -7,17 +7,33 @@ use sqlx::PgConnection;
 use crate::error::{DbContext, Result};
 use crate::message::{Attributes, ClaimedMessage, NewMessage};
 
-/// The columns of a message row, in `SELECT` order (see [`into_claimed`]).
-pub(crate) type ClaimRow = (
-    i64,
-    String,
-    Option<String>,
-    String,
-    Vec<u8>,
-    sqlx::types::Json<Attributes>,
-    i32,
-    DateTime<Utc>,
-);
+/// The message columns of an outbox row, as claims and reads select them.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct MessageRow {
+    id: i64,
+    topic: String,
+    ordering_key: Option<String>,
+    dedupe_key: String,
+    payload: Vec<u8>,
+    attributes: sqlx::types::Json<Attributes>,
+    attempts: i32,
+    created_at: DateTime<Utc>,
+}
+
+impl From<MessageRow> for ClaimedMessage {
+    fn from(r: MessageRow) -> Self {
+        ClaimedMessage {
+            id: r.id,
+            topic: r.topic,
+            ordering_key: r.ordering_key,
+            dedupe_key: r.dedupe_key,
+            payload: r.payload,
+            attributes: r.attributes.0,
+            attempts: r.attempts,
+            created_at: r.created_at,
+        }
+    }
+}
 
 /// What [`enqueue_batch`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -74,20 +90,6 @@ pub async fn enqueue_batch(
         inserted,
         duplicates: messages.len() as u64 - inserted,
     })
-}
-
-pub(crate) fn into_claimed(row: ClaimRow) -> ClaimedMessage {
-    let (id, topic, ordering_key, dedupe_key, payload, attributes, attempts, created_at) = row;
-    ClaimedMessage {
-        id,
-        topic,
-        ordering_key,
-        dedupe_key,
-        payload,
-        attributes: attributes.0,
-        attempts,
-        created_at,
-    }
 }
 
 /// Deletes rows that were published (retention 0: nothing is kept).
@@ -243,20 +245,15 @@ pub async fn backlog(conn: &mut PgConnection, now: DateTime<Utc>, cap: i64) -> R
 
 /// Reads one row by id (operators and tests).
 pub async fn get(conn: &mut PgConnection, id: i64) -> Result<Option<OutboxRow>> {
-    type Row = (
-        i64,
-        String,
-        Option<String>,
-        String,
-        Vec<u8>,
-        sqlx::types::Json<Attributes>,
-        i32,
-        DateTime<Utc>,
-        Option<DateTime<Utc>>,
-        Option<String>,
-        Option<String>,
-        DateTime<Utc>,
-    );
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        #[sqlx(flatten)]
+        message: MessageRow,
+        published_at: Option<DateTime<Utc>>,
+        pubsub_message_id: Option<String>,
+        last_error: Option<String>,
+        next_attempt_at: DateTime<Utc>,
+    }
     let row: Option<Row> = sqlx::query_as(
         "SELECT id, topic, ordering_key, dedupe_key, payload, attributes, attempts, created_at,
                 published_at, pubsub_message_id, last_error, next_attempt_at
@@ -267,11 +264,11 @@ pub async fn get(conn: &mut PgConnection, id: i64) -> Result<Option<OutboxRow>> 
     .await
     .context("reading a pubsub_outbox row")?;
     Ok(row.map(|r| OutboxRow {
-        message: into_claimed((r.0, r.1, r.2, r.3, r.4, r.5, r.6, r.7)),
-        published_at: r.8,
-        pubsub_message_id: r.9,
-        last_error: r.10,
-        next_attempt_at: r.11,
+        message: r.message.into(),
+        published_at: r.published_at,
+        pubsub_message_id: r.pubsub_message_id,
+        last_error: r.last_error,
+        next_attempt_at: r.next_attempt_at,
     }))
 }
 
