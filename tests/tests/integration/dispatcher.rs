@@ -46,6 +46,16 @@ pub(crate) async fn enqueue(pool: &PgPool, messages: &[NewMessage]) {
     tx.commit().await.expect("commit");
 }
 
+/// Enqueues `n` messages `m0`… `m<n-1>` on `topic`, 1,000 per transaction.
+pub(crate) async fn enqueue_numbered(pool: &PgPool, topic: &str, n: usize) {
+    let msgs: Vec<NewMessage> = (0..n)
+        .map(|i| message(topic, &format!("m{i}"), &[]))
+        .collect();
+    for chunk in msgs.chunks(1000) {
+        enqueue(pool, chunk).await;
+    }
+}
+
 pub(crate) async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql)
         .fetch_one(pool)
@@ -297,12 +307,7 @@ async fn two_dispatcher_processes_with_several_workers_publish_every_row_exactly
     let db = TestDb::new().await;
     let topic = TestTopic::new(false).await;
     let n = 4000;
-    let msgs: Vec<NewMessage> = (0..n)
-        .map(|i| message(&topic.topic, &format!("m{i}"), &[]))
-        .collect();
-    for chunk in msgs.chunks(1000) {
-        enqueue(&db.pool, chunk).await;
-    }
+    enqueue_numbered(&db.pool, &topic.topic, n).await;
     let envs = [
         ("DATABASE_URL", db.url().to_owned()),
         ("PUBSUB_EMULATOR_HOST", harness::env::pubsub_emulator_host()),
@@ -599,12 +604,7 @@ async fn a_sigkilled_dispatcher_loses_nothing_and_only_in_flight_rows_arrive_twi
     let proxy = TcpProxy::start(&harness::env::pubsub_emulator_host()).await;
     proxy.set_delay(Duration::from_millis(20));
     let n = 3000;
-    let msgs: Vec<NewMessage> = (0..n)
-        .map(|i| message(&topic.topic, &format!("m{i}"), &[]))
-        .collect();
-    for chunk in msgs.chunks(1000) {
-        enqueue(&db.pool, chunk).await;
-    }
+    enqueue_numbered(&db.pool, &topic.topic, n).await;
     let envs = [
         ("DATABASE_URL", db.url().to_owned()),
         ("PUBSUB_EMULATOR_HOST", proxy.addr()),
