@@ -14,7 +14,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::time::Instant;
 
 use crate::publisher::Publish;
-use outbox_shared::shutdown::Shutdown;
+use outbox_runtime::shutdown::Shutdown;
 
 #[derive(Debug, Clone)]
 enum State {
@@ -69,7 +69,7 @@ impl Breaker {
                 tracing::warn!(
                     pubsub.topic = topic,
                     error = reason,
-                    "Pub/Sub unreachable: pausing claims; no attempts are charged while it is down"
+                    "Pub/Sub is unreachable: claims are paused and no attempts are charged while it is down."
                 );
                 self.min_cooldown
             }
@@ -86,7 +86,7 @@ impl Breaker {
     fn close(&self) {
         let mut state = self.lock();
         if matches!(*state, State::Open { .. }) {
-            tracing::info!("Pub/Sub answers again: resuming claims");
+            tracing::info!("Pub/Sub answers again: claims resume.");
         }
         *state = State::Closed;
         self.open_gauge.set(0);
@@ -94,8 +94,10 @@ impl Breaker {
 
     /// Returns when claiming may proceed, or when shutdown is requested. While open, one caller
     /// at a time probes after the cooldown; the others wait.
-    pub async fn admit<P: Publish>(&self, publisher: &P, shutdown: &mut Shutdown) {
+    /// `beat` is called on every turn of the wait (the worker is alive, only held back).
+    pub async fn admit<P: Publish>(&self, publisher: &P, shutdown: &mut Shutdown, beat: impl Fn()) {
         loop {
+            beat();
             let (until, topic) = match &*self.lock() {
                 State::Closed => return,
                 State::Open { until, topic, .. } => (*until, topic.clone()),
@@ -119,7 +121,7 @@ impl Breaker {
             match result {
                 Ok(()) => self.close(),
                 Err(reason) => {
-                    tracing::debug!(pubsub.topic = %topic, error = %reason, "probe failed; Pub/Sub still unreachable");
+                    tracing::debug!(pubsub.topic = %topic, error = %reason, "The probe failed; Pub/Sub is still unreachable.");
                     self.trip(&topic, &reason);
                 }
             }

@@ -1,14 +1,21 @@
 //! Command line and environment configuration. Every flag has a doc comment (its `--help`), an
-//! environment fallback and a default.
+//! environment fallback and a default; single values are range-checked as they are parsed, and
+//! [`DispatcherConfig::try_from`] checks the rules that tie them together.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use outbox_shared::db::DatabaseArgs;
-use outbox_shared::telemetry::TelemetryArgs;
+use google_cloud_gax::error::rpc::Code;
+use outbox_runtime::db::DatabaseArgs;
+use outbox_runtime::telemetry::TelemetryArgs;
+use outbox_shared::{
+    DEFAULT_DEDUPE_ATTRIBUTE, DEFAULT_NOTIFY_CHANNEL, RetrySchedule, full_topic_name,
+};
 
-use crate::publisher::PubsubArgs;
+use crate::config::{
+    BatchSettings, BreakerSettings, DispatcherConfig, FaultSettings, Idle, PubsubConfig,
+};
 
 /// pubsub-outbox dispatcher: drains the pubsub_outbox table to Google Cloud Pub/Sub.
 #[derive(Debug, Parser)]
@@ -44,10 +51,12 @@ pub struct DispatchArgs {
     pub migrate: bool,
     /// Concurrent workers in this process (each holds one database connection while a batch is
     /// in flight).
-    #[arg(long, env = "OUTBOX_WORKERS", default_value_t = 4)]
-    pub workers: usize,
+    #[arg(long, env = "OUTBOX_WORKERS", default_value_t = 4,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub workers: u16,
     /// Rows claimed per batch (1..=1000; Pub/Sub takes at most 1,000 messages per request).
-    #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 500)]
+    #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 500,
+          value_parser = clap::value_parser!(i64).range(1..=1000))]
     pub batch_size: i64,
     /// Payload bytes in flight across all workers of this process.
     #[arg(long, env = "OUTBOX_MAX_INFLIGHT_BYTES", default_value_t = 64 * 1024 * 1024)]
@@ -64,10 +73,11 @@ pub struct DispatchArgs {
     #[arg(long, env = "OUTBOX_BACKOFF_CAP", default_value = "10m", value_parser = humantime::parse_duration)]
     pub backoff_cap: Duration,
     /// Fraction (0..=1) of each retry delay that is randomised away, to spread retries.
-    #[arg(long, env = "OUTBOX_BACKOFF_JITTER", default_value_t = 0.2)]
+    #[arg(long, env = "OUTBOX_BACKOFF_JITTER", default_value_t = 0.2, value_parser = fraction)]
     pub backoff_jitter: f64,
     /// Failed attempts after which a message moves to the dead-letter table.
-    #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = 20)]
+    #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = 20,
+          value_parser = clap::value_parser!(i32).range(1..))]
     pub max_attempts: i32,
     /// Keep published rows this long (0: delete at once, the fastest).
     #[arg(long, env = "OUTBOX_RETENTION", default_value = "0s", value_parser = humantime::parse_duration)]
@@ -82,7 +92,7 @@ pub struct DispatchArgs {
     #[arg(long, env = "OUTBOX_MAX_POLL_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub max_poll_interval: Duration,
     /// LISTEN channel writers NOTIFY after enqueueing.
-    #[arg(long, env = "OUTBOX_NOTIFY_CHANNEL", default_value = outbox_shared::store::notify::DEFAULT_CHANNEL)]
+    #[arg(long, env = "OUTBOX_NOTIFY_CHANNEL", default_value = DEFAULT_NOTIFY_CHANNEL)]
     pub notify_channel: String,
     /// Do not LISTEN (for transaction-pooling poolers such as PgBouncer); poll only.
     #[arg(long, env = "OUTBOX_NO_LISTEN")]
@@ -91,7 +101,8 @@ pub struct DispatchArgs {
     #[arg(long = "topic", env = "OUTBOX_TOPICS", value_delimiter = ',')]
     pub topics: Vec<String>,
     /// Ordering keys visited per ordered claim (a round-robin walk over keys with pending rows).
-    #[arg(long, env = "OUTBOX_KEY_SCAN_LIMIT", default_value_t = 2000)]
+    #[arg(long, env = "OUTBOX_KEY_SCAN_LIMIT", default_value_t = 2000,
+          value_parser = clap::value_parser!(i64).range(1..))]
     pub key_scan_limit: i64,
     /// Topics (comma-separated) whose ordering keys skip a dead-lettered message instead of
     /// blocking behind it. Default: every key blocks until an operator replays or discards.
@@ -101,16 +112,21 @@ pub struct DispatchArgs {
         value_delimiter = ','
     )]
     pub skip_dead_letter_topics: Vec<String>,
-    /// Chaos testing: fail this fraction (0..=1) of message publishes on purpose, with
-    /// --chaos-failure-code. 0 (the default) disables it. Never set it in production.
-    #[arg(long, env = "OUTBOX_CHAOS_FAILURE_RATE", default_value_t = 0.0)]
-    pub chaos_failure_rate: f64,
-    /// Chaos testing: the gRPC code injected failures carry (e.g. UNAVAILABLE, NOT_FOUND).
-    #[arg(long, env = "OUTBOX_CHAOS_FAILURE_CODE", default_value = "UNAVAILABLE")]
-    pub chaos_failure_code: String,
+    /// Fault injection (testing a deployment's alerts and recovery): fail this fraction (0..=1)
+    /// of message publishes on purpose, with --inject-failure-code. 0 (the default) disables it.
+    /// Never set it in production.
+    #[arg(long, env = "OUTBOX_INJECT_FAILURE_RATE", default_value_t = 0.0, value_parser = fraction)]
+    pub inject_failure_rate: f64,
+    /// Fault injection: the gRPC code injected failures carry (e.g. UNAVAILABLE, NOT_FOUND).
+    #[arg(long, env = "OUTBOX_INJECT_FAILURE_CODE", default_value = "UNAVAILABLE", value_parser = grpc_code)]
+    pub inject_failure_code: Code,
     /// Address for /healthz, /readyz and /metrics.
     #[arg(long, env = "OUTBOX_LISTEN_ADDR", default_value = "0.0.0.0:9090")]
     pub listen_addr: SocketAddr,
+    /// /healthz fails when a worker loop has made no progress for this long (a wedged process is
+    /// restarted by the liveness probe). Must exceed --lock-timeout and 3 x --max-poll-interval.
+    #[arg(long, env = "OUTBOX_LIVENESS_TIMEOUT", default_value = "90s", value_parser = humantime::parse_duration)]
+    pub liveness_timeout: Duration,
     /// On SIGTERM, how long in-flight batches may take to finish (below GKE's 30 s).
     #[arg(long, env = "OUTBOX_GRACE_PERIOD", default_value = "25s", value_parser = humantime::parse_duration)]
     pub grace_period: Duration,
@@ -122,49 +138,173 @@ pub struct DispatchArgs {
     pub breaker_max_cooldown: Duration,
 }
 
-impl DispatchArgs {
-    /// Rejects out-of-range values with a message naming the flag.
-    pub fn validate(&self, publish_timeout: Duration) -> Result<(), String> {
-        if !(1..=1000).contains(&self.batch_size) {
-            return Err(format!(
-                "--batch-size must be 1..=1000, got {}",
-                self.batch_size
-            ));
+/// How to reach Pub/Sub.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PubsubArgs {
+    /// Pub/Sub emulator host:port. When set, the dispatcher talks plain HTTP to it with anonymous
+    /// credentials (the official client does not read this variable by itself).
+    #[arg(long, env = "PUBSUB_EMULATOR_HOST")]
+    pub pubsub_emulator_host: Option<String>,
+    /// Pub/Sub endpoint override, e.g. a regional endpoint https://us-east1-pubsub.googleapis.com
+    /// (strict ordering holds only within one region). Default: the global endpoint.
+    #[arg(long, env = "OUTBOX_PUBSUB_ENDPOINT")]
+    pub pubsub_endpoint: Option<String>,
+    /// Project for short topic names given to --topic (full names need none).
+    #[arg(long, env = "PUBSUB_PROJECT_ID", default_value = "")]
+    pub pubsub_project: String,
+    /// Upper bound on one batch publish, client retries included. Keep it well below
+    /// --lock-timeout.
+    #[arg(long, env = "OUTBOX_PUBLISH_TIMEOUT", default_value = "20s", value_parser = humantime::parse_duration)]
+    pub publish_timeout: Duration,
+    /// Name of the attribute that carries the dedupe key to consumers.
+    #[arg(long, env = "OUTBOX_DEDUPE_ATTRIBUTE", default_value = DEFAULT_DEDUPE_ATTRIBUTE)]
+    pub dedupe_attribute: String,
+    /// How long the client may wait to fill a request before sending it.
+    #[arg(long, env = "OUTBOX_PUBLISH_DELAY", default_value = "5ms", value_parser = humantime::parse_duration)]
+    pub publish_delay: Duration,
+}
+
+impl TryFrom<&Cli> for DispatcherConfig {
+    type Error = String;
+
+    fn try_from(cli: &Cli) -> Result<Self, String> {
+        let a = &cli.dispatch;
+        let p = &cli.pubsub;
+        let full = |topics: &[String]| {
+            topics
+                .iter()
+                .map(|t| full_topic_name(&p.pubsub_project, t))
+                .collect::<Vec<_>>()
+        };
+        let config = DispatcherConfig {
+            batch: BatchSettings {
+                batch_size: a.batch_size,
+                topics: (!a.topics.is_empty()).then(|| full(&a.topics)),
+                retain_published: !a.retention.is_zero(),
+                dedupe_attribute: p.dedupe_attribute.clone(),
+                schedule: RetrySchedule {
+                    base: a.backoff_base,
+                    cap: a.backoff_cap,
+                    jitter: a.backoff_jitter,
+                    max_attempts: a.max_attempts,
+                },
+                key_scan_limit: a.key_scan_limit,
+                skip_dead_letter_topics: full(&a.skip_dead_letter_topics),
+            },
+            pubsub: PubsubConfig {
+                emulator_host: p.pubsub_emulator_host.clone(),
+                endpoint: p.pubsub_endpoint.clone(),
+                project: p.pubsub_project.clone(),
+                publish_timeout: p.publish_timeout,
+                dedupe_attribute: p.dedupe_attribute.clone(),
+                publish_delay: p.publish_delay,
+            },
+            workers: usize::from(a.workers),
+            max_inflight_bytes: a.max_inflight_bytes,
+            lock_timeout: a.lock_timeout,
+            idle: Idle {
+                poll_interval: a.poll_interval,
+                max_poll_interval: a.max_poll_interval,
+            },
+            notify_channel: (!a.no_listen).then(|| a.notify_channel.clone()),
+            retention: a.retention,
+            purge_interval: a.purge_interval,
+            listen_addr: a.listen_addr,
+            grace_period: a.grace_period,
+            liveness_timeout: a.liveness_timeout,
+            breaker: BreakerSettings {
+                cooldown: a.breaker_cooldown,
+                max_cooldown: a.breaker_max_cooldown,
+            },
+            faults: FaultSettings {
+                failure_rate: a.inject_failure_rate,
+                failure_code: a.inject_failure_code,
+            },
+            migrate: a.migrate,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+/// A fraction within 0..=1.
+fn fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
+        _ => Err(format!("expected a number within 0..=1, got {s:?}")),
+    }
+}
+
+/// A gRPC code name such as `UNAVAILABLE` (case-insensitive).
+fn grpc_code(name: &str) -> Result<Code, String> {
+    (0..=16)
+        .map(Code::from)
+        .find(|c| c.name().eq_ignore_ascii_case(name))
+        .ok_or_else(|| format!("{name:?} is not a gRPC code name (e.g. UNAVAILABLE, NOT_FOUND)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(extra: &[&str]) -> Result<DispatcherConfig, String> {
+        let mut args = vec!["dispatcher", "--database-url", "postgres://u@h/db"];
+        args.extend_from_slice(extra);
+        let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
+        DispatcherConfig::try_from(&cli)
+    }
+
+    #[test]
+    fn the_flags_defaults_are_the_config_defaults() {
+        let mut parsed = parse(&[]).expect("the defaults are valid");
+        // The test environment points at the emulator (scripts/services exports these).
+        parsed.pubsub.emulator_host = None;
+        parsed.pubsub.project = String::new();
+        assert_eq!(parsed, DispatcherConfig::default());
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused_naming_the_flag() {
+        for (args, flag) in [
+            (&["--batch-size", "0"][..], "--batch-size"),
+            (&["--batch-size", "1001"], "--batch-size"),
+            (&["--workers", "0"], "--workers"),
+            (&["--max-attempts", "0"], "--max-attempts"),
+            (&["--backoff-jitter", "1.5"], "--backoff-jitter"),
+            (&["--inject-failure-rate=-0.1"], "--inject-failure-rate"),
+            (&["--inject-failure-code", "BOGUS"], "--inject-failure-code"),
+            (&["--lock-timeout", "5s"], "--lock-timeout"),
+            (&["--liveness-timeout", "30s"], "--liveness-timeout"),
+        ] {
+            let err = parse(args).expect_err("refused");
+            assert!(err.contains(flag), "{args:?}: {err}");
         }
-        if self.workers == 0 {
-            return Err("--workers must be at least 1".to_owned());
-        }
-        if self.max_attempts < 1 {
-            return Err(format!(
-                "--max-attempts must be at least 1, got {}",
-                self.max_attempts
-            ));
-        }
-        if !(0.0..=1.0).contains(&self.backoff_jitter) {
-            return Err(format!(
-                "--backoff-jitter must be within 0..=1, got {}",
-                self.backoff_jitter
-            ));
-        }
-        if !(0.0..=1.0).contains(&self.chaos_failure_rate) {
-            return Err(format!(
-                "--chaos-failure-rate must be within 0..=1, got {}",
-                self.chaos_failure_rate
-            ));
-        }
-        if crate::chaos::parse_code(&self.chaos_failure_code).is_none() {
-            return Err(format!(
-                "--chaos-failure-code {:?} is not a gRPC code name (e.g. UNAVAILABLE, NOT_FOUND)",
-                self.chaos_failure_code
-            ));
-        }
-        if self.lock_timeout <= publish_timeout {
-            return Err(format!(
-                "--lock-timeout ({:?}) must exceed --publish-timeout ({publish_timeout:?}), or claims \
-                 would expire while their publish is still running",
-                self.lock_timeout
-            ));
-        }
-        Ok(())
+    }
+
+    #[test]
+    fn code_names_parse_case_insensitively() {
+        assert_eq!(grpc_code("UNAVAILABLE"), Ok(Code::Unavailable));
+        assert_eq!(grpc_code("not_found"), Ok(Code::NotFound));
+        assert!(grpc_code("bogus").is_err());
+    }
+
+    #[test]
+    fn short_topic_names_get_the_project_and_poll_only_drops_the_channel() {
+        let c = parse(&[
+            "--pubsub-project",
+            "p",
+            "--topic",
+            "a,projects/q/topics/b",
+            "--no-listen",
+        ])
+        .expect("valid");
+        assert_eq!(
+            c.batch.topics,
+            Some(vec![
+                "projects/p/topics/a".to_owned(),
+                "projects/q/topics/b".to_owned()
+            ])
+        );
+        assert_eq!(c.notify_channel, None);
     }
 }

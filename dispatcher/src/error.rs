@@ -18,6 +18,9 @@ pub enum DispatcherError {
         /// Why.
         reason: String,
     },
+    /// PostgreSQL could not be reached.
+    #[error(transparent)]
+    Connect(#[from] outbox_runtime::db::ConnectError),
     /// A database operation failed.
     #[error(transparent)]
     Store(#[from] outbox_shared::Error),

@@ -1,27 +1,35 @@
 //! pubsub-outbox dispatcher: turns committed `pubsub_outbox` rows into Pub/Sub messages.
 //!
 //! Layout:
-//! - [`cli`]: configuration (clap + env).
-//! - [`service`]: the long-running service: workers, LISTEN, gauges, purge, HTTP endpoints.
-//! - [`worker`]: one unit of work ([`worker::run_batch`]: claim, publish, settle in one
-//!   transaction) and the worker loop.
+//! - [`config`]: the configuration as validated values ([`DispatcherConfig`]); [`cli`]: the
+//!   command line and environment that make one.
+//! - [`service`]: the dispatcher as a value ([`Dispatcher`]: build, run one batch, run until
+//!   stopped); `tasks`: its background tasks (LISTEN, gauges, purge, endpoints).
+//! - `worker`: one unit of work (claim, publish, settle in one transaction) and the worker loop;
+//!   `liveness`: the worker heartbeats behind `/healthz`.
 //! - [`publisher`]: the [`publisher::Publish`] seam and the official Pub/Sub client behind it.
 //! - [`classify`]: publish failures as transient / permanent / not attempted.
 //! - [`breaker`]: pauses claiming while Pub/Sub is unreachable.
-//! - [`chaos`]: fault injection in front of the publisher (chaos tests, `--chaos-failure-rate`).
+//! - [`fault`]: fault injection in front of the publisher (`--inject-failure-rate`, tests).
 //! - [`metrics`], [`error`].
 //!
 //! All SQL lives in `outbox_shared::store`.
 
 pub mod breaker;
-pub mod chaos;
 pub mod classify;
 pub mod cli;
+pub mod config;
 pub mod error;
+pub mod fault;
+mod liveness;
 pub mod metrics;
 pub mod publisher;
 pub mod service;
-pub mod worker;
+mod tasks;
+mod worker;
 
 pub use cli::{Cli, Command};
+pub use config::DispatcherConfig;
 pub use error::DispatcherError;
+pub use service::{Dispatcher, connect_database};
+pub use worker::{BatchOutcome, Settled};

@@ -21,6 +21,7 @@ use google_cloud_pubsub::retry_policy::RetryableErrors;
 use outbox_shared::ClaimedMessage;
 
 use crate::classify::{PublishFailure, classify};
+use crate::config::PubsubConfig;
 use crate::error::DispatcherError;
 
 /// One result per message of a batch, in the batch's order: the Pub/Sub message id or why not.
@@ -34,44 +35,6 @@ pub trait Publish: Send + Sync + 'static {
     fn probe(&self, topic: &str) -> impl Future<Output = Result<(), String>> + Send;
     /// Lets the client publish again on an ordering key it paused after a failure.
     fn resume(&self, topic: &str, ordering_key: &str);
-}
-
-/// How to reach Pub/Sub.
-#[derive(Debug, Clone, clap::Args)]
-pub struct PubsubArgs {
-    /// Pub/Sub emulator host:port. When set, the dispatcher talks plain HTTP to it with anonymous
-    /// credentials (the official client does not read this variable by itself).
-    #[arg(long, env = "PUBSUB_EMULATOR_HOST")]
-    pub pubsub_emulator_host: Option<String>,
-    /// Pub/Sub endpoint override, e.g. a regional endpoint https://us-east1-pubsub.googleapis.com
-    /// (strict ordering holds only within one region). Default: the global endpoint.
-    #[arg(long, env = "OUTBOX_PUBSUB_ENDPOINT")]
-    pub pubsub_endpoint: Option<String>,
-    /// Project for short topic names given to --topic (full names need none).
-    #[arg(long, env = "PUBSUB_PROJECT_ID", default_value = "")]
-    pub pubsub_project: String,
-    /// Upper bound on one batch publish, client retries included. Keep it well below
-    /// --lock-timeout.
-    #[arg(long, env = "OUTBOX_PUBLISH_TIMEOUT", default_value = "20s", value_parser = humantime::parse_duration)]
-    pub publish_timeout: Duration,
-    /// Name of the attribute that carries the dedupe key to consumers.
-    #[arg(long, env = "OUTBOX_DEDUPE_ATTRIBUTE", default_value = "dedupe_key")]
-    pub dedupe_attribute: String,
-    /// How long the client may wait to fill a request before sending it.
-    #[arg(long, env = "OUTBOX_PUBLISH_DELAY", default_value = "5ms", value_parser = humantime::parse_duration)]
-    pub publish_delay: Duration,
-}
-
-impl PubsubArgs {
-    /// The endpoint to use, if not the default.
-    fn endpoint(&self) -> Option<String> {
-        match (&self.pubsub_emulator_host, &self.pubsub_endpoint) {
-            (_, Some(endpoint)) => Some(endpoint.clone()),
-            (Some(host), None) if host.starts_with("http") => Some(host.clone()),
-            (Some(host), None) => Some(format!("http://{host}")),
-            (None, None) => None,
-        }
-    }
 }
 
 /// Distinct ordering keys a keyed publisher serves before it is replaced. The client keeps state
@@ -103,9 +66,9 @@ pub struct PubsubPublisher {
 impl PubsubPublisher {
     /// Builds the clients. Emulator: anonymous credentials; otherwise Application Default
     /// Credentials (Workload Identity on GKE).
-    pub async fn connect(args: &PubsubArgs) -> Result<Self, DispatcherError> {
+    pub async fn connect(args: &PubsubConfig) -> Result<Self, DispatcherError> {
         let endpoint = args.endpoint();
-        let emulator = args.pubsub_emulator_host.is_some();
+        let emulator = args.emulator_host.is_some();
         // The client's own retries stay well inside our timeout; longer horizons belong to the row.
         let policy = RetryableErrors
             .with_time_limit(args.publish_timeout.mul_f64(0.8))

@@ -14,93 +14,132 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tokio::sync::{Notify, Semaphore};
 
+use outbox_runtime::shutdown::Shutdown;
 use outbox_shared::ClaimedMessage;
 use outbox_shared::limits::check_publishable;
-use outbox_shared::retry::{RetryDecision, RetrySchedule};
-use outbox_shared::shutdown::Shutdown;
+use outbox_shared::retry::RetryDecision;
 use outbox_shared::store::claim::{self, ClaimFilter, KeyCursor, OrderedClaim};
 use outbox_shared::store::dead_letter::{self, ErrorKind, Failure};
 use outbox_shared::store::outbox::{self, Retry};
 
 use crate::breaker::Breaker;
 use crate::classify::FailureKind;
+use crate::config::{BatchSettings, DispatcherConfig, Idle};
 use crate::error::DispatcherError;
+use crate::liveness::Heartbeats;
 use crate::metrics::Metrics;
 use crate::publisher::Publish;
 
-/// Settings a batch needs.
-#[derive(Debug, Clone)]
-pub struct BatchSettings {
-    /// Rows per claim (<= 1,000).
-    pub batch_size: i64,
-    /// Only these full topic names (None: all).
-    pub topics: Option<Vec<String>>,
-    /// Keep published rows (marked) instead of deleting them.
-    pub retain_published: bool,
-    /// The dedupe attribute name (counted against the attribute limits).
-    pub dedupe_attribute: String,
-    /// The retry schedule.
-    pub schedule: RetrySchedule,
-    /// Ordering keys visited per ordered claim.
-    pub key_scan_limit: i64,
-    /// Topics whose ordering keys skip dead-lettered messages instead of blocking behind them.
-    pub skip_dead_letter_topics: Vec<String>,
-}
-
 /// Everything a worker shares with the other workers of its process.
 #[derive(Debug)]
-pub struct Dispatch<P> {
-    /// The database.
-    pub pool: PgPool,
-    /// Pub/Sub.
-    pub publisher: Arc<P>,
-    /// Batch settings.
-    pub settings: BatchSettings,
-    /// Metrics.
-    pub metrics: Arc<Metrics>,
-    /// The outage breaker.
-    pub breaker: Arc<Breaker>,
-    /// Bounds the payload bytes in flight across workers (permits are KiB).
-    pub inflight_kib: Arc<Semaphore>,
-    /// Total permits of `inflight_kib`.
-    pub inflight_kib_total: u32,
-    /// Where the next ordered claim resumes its round-robin walk over keys (shared, so the
-    /// workers of a process spread over the keys).
-    pub key_cursor: std::sync::Mutex<KeyCursor>,
-    /// Ordering keys per claim, adapted to the backlog (see `claim`).
-    pub keys_per_claim: AtomicI64,
+pub(crate) struct Dispatch<P> {
+    pub(crate) pool: PgPool,
+    pub(crate) publisher: Arc<P>,
+    pub(crate) settings: BatchSettings,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) breaker: Arc<Breaker>,
+    pub(crate) heartbeats: Heartbeats,
+    inflight: ByteBudget,
+    keys: KeyWalk,
 }
 
 impl<P: Publish> Dispatch<P> {
-    /// Assembles a dispatch context; `max_inflight_bytes` bounds payload bytes in flight.
-    pub fn new(
+    /// Assembles the shared state of `config.workers` workers.
+    pub(crate) fn new(
         pool: PgPool,
         publisher: Arc<P>,
-        settings: BatchSettings,
+        config: &DispatcherConfig,
         metrics: Arc<Metrics>,
-        breaker: Arc<Breaker>,
-        max_inflight_bytes: u64,
     ) -> Self {
-        let batch_keys = settings.batch_size.max(1);
-        let kib = u32::try_from(max_inflight_bytes / 1024)
-            .unwrap_or(u32::MAX)
-            .max(1);
+        let breaker = Arc::new(Breaker::new(
+            config.breaker.cooldown,
+            config.breaker.max_cooldown,
+            metrics.breaker_open.clone(),
+        ));
         Self {
             pool,
             publisher,
-            settings,
+            settings: config.batch.clone(),
             metrics,
             breaker,
-            inflight_kib: Arc::new(Semaphore::new(kib as usize)),
-            inflight_kib_total: kib,
-            key_cursor: std::sync::Mutex::default(),
-            keys_per_claim: AtomicI64::new(batch_keys),
+            heartbeats: Heartbeats::new(config.workers),
+            inflight: ByteBudget::new(config.max_inflight_bytes),
+            keys: KeyWalk::new(config.batch.batch_size),
         }
+    }
+}
+
+/// Bounds the payload bytes in flight across workers (permits are KiB).
+#[derive(Debug)]
+struct ByteBudget {
+    kib: Semaphore,
+    total_kib: u32,
+}
+
+impl ByteBudget {
+    fn new(max_bytes: u64) -> Self {
+        let total_kib = u32::try_from(max_bytes / 1024).unwrap_or(u32::MAX).max(1);
+        Self {
+            kib: Semaphore::new(total_kib as usize),
+            total_kib,
+        }
+    }
+
+    /// Waits until `bytes` fit (a batch larger than the whole budget waits for all of it).
+    async fn reserve(&self, bytes: usize) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        let kib = u32::try_from(bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.total_kib);
+        // The semaphore is never closed, so acquiring only fails if it were; publish anyway then.
+        self.kib.acquire_many(kib).await.ok()
     }
 }
 
 /// The fewest ordering keys a claim adapts down to.
 const MIN_KEYS_PER_CLAIM: i64 = 4;
+
+/// The round-robin walk over ordering keys, shared by the workers of a process so they spread
+/// over the keys, and the number of keys per claim, adapted to the backlog's shape.
+#[derive(Debug)]
+struct KeyWalk {
+    cursor: std::sync::Mutex<KeyCursor>,
+    keys_per_claim: AtomicI64,
+    batch_size: i64,
+}
+
+impl KeyWalk {
+    fn new(batch_size: i64) -> Self {
+        Self {
+            cursor: std::sync::Mutex::default(),
+            keys_per_claim: AtomicI64::new(batch_size.max(1)),
+            batch_size,
+        }
+    }
+
+    /// Where the next ordered claim starts and how many keys it may take.
+    fn next(&self) -> (KeyCursor, i64) {
+        let cursor = self.cursor.lock().map(|c| c.clone()).unwrap_or_default();
+        (cursor, self.keys_per_claim.load(Ordering::Relaxed))
+    }
+
+    /// Learns from a claim that took `keys` keys (`saturated` of them had more rows than their
+    /// share) with at most `max_keys`: when most keys were deep, take fewer keys (more rows each,
+    /// fewer publish requests, and keys left for other workers); when the key limit was the
+    /// bottleneck, take more.
+    fn learn(&self, keys: usize, saturated: usize, max_keys: i64, next: KeyCursor) {
+        let adjusted = if keys > 0 && saturated * 2 > keys {
+            (max_keys / 2).max(MIN_KEYS_PER_CLAIM.min(self.batch_size))
+        } else if keys as i64 >= max_keys {
+            (max_keys * 2).min(self.batch_size)
+        } else {
+            max_keys
+        };
+        self.keys_per_claim.store(adjusted, Ordering::Relaxed);
+        if let Ok(mut c) = self.cursor.lock() {
+            *c = next;
+        }
+    }
+}
 
 /// What one batch did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -134,8 +173,8 @@ pub enum BatchOutcome {
 }
 
 /// Claims, publishes and settles one batch of rows due at `now`.
-#[tracing::instrument(skip_all, fields(batch.size = tracing::field::Empty), err)]
-pub async fn run_batch<P: Publish>(
+#[tracing::instrument(skip_all, fields(batch.size = tracing::field::Empty), err(level = "debug"))]
+pub(crate) async fn run_batch<P: Publish>(
     d: &Dispatch<P>,
     now: DateTime<Utc>,
 ) -> Result<BatchOutcome, DispatcherError> {
@@ -295,12 +334,13 @@ pub async fn run_batch<P: Publish>(
                 tracing::error!(
                     outbox.id = f.id, outbox.dedupe_key = %m.dedupe_key, pubsub.topic = %m.topic, pubsub.ordering_key = key,
                     error.kind = f.kind.as_str(), error = %f.error,
-                    "ordering key BLOCKED: its message was dead-lettered and later messages of the key wait; \
-                     replay or discard the dead letter to release it"
+                    "Ordering key BLOCKED: its message was dead-lettered and the later messages of the key wait; \
+                     replay or discard the dead letter to release it."
                 )
             }
             _ => {
-                tracing::warn!(outbox.id = f.id, error.kind = f.kind.as_str(), error = %f.error, "message dead-lettered")
+                tracing::error!(outbox.id = f.id, error.kind = f.kind.as_str(), error = %f.error,
+                    "Message dead-lettered: inspect it, then replay or discard it.")
             }
         }
     }
@@ -318,8 +358,7 @@ async fn claim<P: Publish>(
         limit: d.settings.batch_size,
         topics: d.settings.topics.as_deref(),
     };
-    let cursor = d.key_cursor.lock().map(|c| c.clone()).unwrap_or_default();
-    let max_keys = d.keys_per_claim.load(Ordering::Relaxed);
+    let (cursor, max_keys) = d.keys.next();
     let ordered = OrderedClaim {
         filter: filter.clone(),
         scan_limit: d.settings.key_scan_limit,
@@ -327,21 +366,12 @@ async fn claim<P: Publish>(
         max_keys,
     };
     let keyed = claim::claim_ordered(tx, &ordered, &cursor).await?;
-    // Adapt the keys per claim to the backlog's shape: when most keys had more rows than their
-    // share, take fewer keys (more rows each, fewer publish requests, and keys left for other
-    // workers); when the key limit was the bottleneck, take more.
-    let batch = d.settings.batch_size;
-    let adjusted = if keyed.keys > 0 && keyed.saturated_keys * 2 > keyed.keys {
-        (max_keys / 2).max(MIN_KEYS_PER_CLAIM.min(batch))
-    } else if keyed.keys as i64 >= max_keys {
-        (max_keys * 2).min(batch)
-    } else {
-        max_keys
-    };
-    d.keys_per_claim.store(adjusted, Ordering::Relaxed);
-    if let Ok(mut c) = d.key_cursor.lock() {
-        *c = keyed.next_cursor;
-    }
+    d.keys.learn(
+        keyed.keys,
+        keyed.saturated_keys,
+        max_keys,
+        keyed.next_cursor,
+    );
     let mut claimed = keyed.messages;
     let room = d.settings.batch_size - claimed.len() as i64;
     if room > 0 {
@@ -386,11 +416,7 @@ async fn publish_bounded<P: Publish>(
         .iter()
         .map(|m| m.payload.len() + m.dedupe_key.len() + 64)
         .sum();
-    let kib = u32::try_from(bytes.div_ceil(1024))
-        .unwrap_or(u32::MAX)
-        .clamp(1, d.inflight_kib_total.max(1));
-    // The semaphore is never closed, so acquiring only fails if it were; publish anyway then.
-    let _permit = d.inflight_kib.acquire_many(kib).await.ok();
+    let _permit = d.inflight.reserve(bytes).await;
     let started = Instant::now();
     let results = d.publisher.publish(batch).await;
     d.metrics
@@ -399,18 +425,9 @@ async fn publish_bounded<P: Publish>(
     results
 }
 
-/// How a worker waits when there is nothing to do.
-#[derive(Debug, Clone, Copy)]
-pub struct Idle {
-    /// First poll interval after work ran out.
-    pub poll_interval: Duration,
-    /// Longest poll interval when idle.
-    pub max_poll_interval: Duration,
-}
-
 /// Runs batches until shutdown: back-to-back while there is work, waiting on NOTIFY or a poll
 /// interval that doubles while idle. A batch in flight when shutdown arrives is finished.
-pub async fn work<P: Publish>(
+pub(crate) async fn work<P: Publish>(
     d: Arc<Dispatch<P>>,
     worker: usize,
     wakeup: Arc<Notify>,
@@ -420,10 +437,13 @@ pub async fn work<P: Publish>(
     let mut wait = idle.poll_interval;
     let mut error_backoff = Duration::from_millis(200);
     loop {
+        d.heartbeats.beat(worker);
         if shutdown.is_requested() {
             break;
         }
-        d.breaker.admit(&*d.publisher, &mut shutdown).await;
+        d.breaker
+            .admit(&*d.publisher, &mut shutdown, || d.heartbeats.beat(worker))
+            .await;
         if shutdown.is_requested() {
             break;
         }
@@ -435,13 +455,13 @@ pub async fn work<P: Publish>(
                     published = s.published,
                     retried = s.retried,
                     dead_lettered = s.dead_lettered,
-                    "batch settled"
+                    "Batch settled."
                 );
                 wait = idle.poll_interval;
                 error_backoff = Duration::from_millis(200);
             }
             Ok(BatchOutcome::Outage { error, released }) => {
-                tracing::debug!(worker, released, %error, "batch released: Pub/Sub unreachable");
+                tracing::debug!(worker, released, %error, "Batch released: Pub/Sub is unreachable.");
             }
             Ok(BatchOutcome::Empty) => {
                 tokio::select! {
@@ -452,7 +472,7 @@ pub async fn work<P: Publish>(
             }
             Err(e) => {
                 // Logged once here (run_batch's span records it at debug level).
-                tracing::error!(worker, error = %e, retry_in = ?error_backoff, "batch failed; its rows will be claimed again");
+                tracing::error!(worker, error = %e, retry_in = ?error_backoff, "A batch failed; its rows will be claimed again.");
                 tokio::select! {
                     _ = tokio::time::sleep(error_backoff) => {}
                     _ = shutdown.requested() => break,
@@ -461,5 +481,5 @@ pub async fn work<P: Publish>(
             }
         }
     }
-    tracing::debug!(worker, "worker stopped");
+    tracing::debug!(worker, "Worker stopped.");
 }

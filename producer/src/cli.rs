@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use outbox_shared::db::DatabaseArgs;
-use outbox_shared::telemetry::TelemetryArgs;
+use outbox_runtime::db::DatabaseArgs;
+use outbox_runtime::telemetry::TelemetryArgs;
 
 use crate::bigquery::{Credentials, Timeouts};
 use crate::job::{OnOverlap, Settings, executor_id};
@@ -97,7 +97,7 @@ pub struct RunArgs {
         global = true,
         long,
         env = "OUTBOX_DEDUPE_ATTRIBUTE",
-        default_value = "dedupe_key"
+        default_value = outbox_shared::DEFAULT_DEDUPE_ATTRIBUTE
     )]
     pub dedupe_attribute: String,
     /// Pub/Sub project of short topic names in the streams file (full names need none).

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use outbox_shared::shutdown::Shutdown;
+use outbox_runtime::shutdown::Shutdown;
 use sqlx::PgPool;
 
 use crate::bigquery::{Api, BigQuery};
@@ -65,7 +65,7 @@ impl Default for Settings {
             dry_run: false,
             dry_run_sample: 10,
             notify_channel: outbox_shared::store::notify::DEFAULT_CHANNEL.to_owned(),
-            dedupe_attribute: "dedupe_key".to_owned(),
+            dedupe_attribute: outbox_shared::DEFAULT_DEDUPE_ATTRIBUTE.to_owned(),
             pubsub_project: String::new(),
             executor: executor_id(),
             progress_interval: Duration::from_secs(10),

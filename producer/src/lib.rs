@@ -27,7 +27,7 @@ pub mod report;
 pub mod run;
 pub mod value;
 
-use outbox_shared::shutdown::Shutdown;
+use outbox_runtime::shutdown::Shutdown;
 
 pub use cli::{Cli, Command};
 pub use config::{LoadOptions, StreamsConfig};
@@ -43,7 +43,10 @@ pub enum StartupError {
     /// The streams file or the stream selection is invalid (exit code 2).
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// PostgreSQL is unreachable or the migrations failed.
+    /// PostgreSQL is unreachable.
+    #[error(transparent)]
+    Connect(#[from] outbox_runtime::db::ConnectError),
+    /// The migrations failed.
     #[error(transparent)]
     Database(#[from] outbox_shared::Error),
     /// The BigQuery client could not be built.
@@ -79,7 +82,7 @@ pub async fn execute(cli: &Cli, shutdown: &Shutdown) -> Result<JobReport, Startu
         .into());
     }
     let streams = select_streams(&config, &settings)?;
-    let pool = outbox_shared::db::connect(&cli.database, "pubsub-outbox-producer").await?;
+    let pool = outbox_runtime::db::connect(&cli.database, "pubsub-outbox-producer").await?;
     if cli.run.migrate {
         outbox_shared::db::migrate(&pool).await?;
     }
@@ -100,7 +103,7 @@ pub async fn execute(cli: &Cli, shutdown: &Shutdown) -> Result<JobReport, Startu
 
 /// `producer migrate`.
 pub async fn migrate(cli: &Cli) -> Result<(), StartupError> {
-    let pool = outbox_shared::db::connect(&cli.database, "pubsub-outbox-migrate").await?;
+    let pool = outbox_runtime::db::connect(&cli.database, "pubsub-outbox-migrate").await?;
     outbox_shared::db::migrate(&pool).await?;
     pool.close().await;
     Ok(())

@@ -4,12 +4,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use outbox_producer::{Cli, Command};
-use outbox_shared::telemetry::LogFormat;
+use outbox_runtime::telemetry::LogFormat;
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    outbox_shared::telemetry::init(&cli.telemetry);
+    outbox_runtime::telemetry::init(&cli.telemetry);
     match cli.command.unwrap_or(Command::Run) {
         Command::Migrate => match outbox_producer::migrate(&cli).await {
             Ok(()) => {
@@ -19,8 +19,15 @@ async fn main() -> ExitCode {
             Err(e) => fail(&cli, &e.to_string(), e.exit_code()),
         },
         Command::Run => {
-            let shutdown = outbox_shared::shutdown::on_signals();
-            match outbox_producer::execute(&cli, &shutdown).await {
+            let signals = outbox_runtime::shutdown::on_signals();
+            let execution = tokio::select! {
+                result = outbox_producer::execute(&cli, &signals.shutdown) => result,
+                _ = wait(signals.abort) => {
+                    tracing::warn!("Second signal: stopping now; the page in flight rolls back and the next run reads it again.");
+                    return ExitCode::from(130);
+                }
+            };
+            match execution {
                 Ok(report) => {
                     // Logs (stderr) carry the summaries; the table is for people at a terminal.
                     if cli.telemetry.log_format == LogFormat::Text {
@@ -32,6 +39,10 @@ async fn main() -> ExitCode {
             }
         }
     }
+}
+
+async fn wait(mut abort: outbox_runtime::shutdown::Shutdown) {
+    abort.requested().await;
 }
 
 /// Reports a start-up failure once: a JSON log line for Cloud Logging, plain text for people.

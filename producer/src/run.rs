@@ -18,8 +18,8 @@
 
 use std::time::Instant;
 
+use outbox_runtime::shutdown::Shutdown;
 use outbox_shared::NewMessage;
-use outbox_shared::shutdown::Shutdown;
 use outbox_shared::store::dead_letter::{self, Rejection};
 use outbox_shared::store::run_ledger::{self, Counts, Outcome};
 use outbox_shared::store::{notify, outbox, watermark};

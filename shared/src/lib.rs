@@ -1,24 +1,46 @@
-//! The outbox contract shared by the producer and the dispatcher.
+//! The outbox contract: what an application needs to write to `pubsub_outbox` in its own
+//! transaction, and what the producer and the dispatcher share about the table.
+//!
+//! It links no server, CLI or telemetry stack (those live in `outbox_runtime`, the service
+//! runtime of the two binaries, in `shared/runtime/`): an application depends on this crate
+//! alone. The names an application uses are re-exported at the root:
+//!
+//! ```no_run
+//! # async fn example(pool: sqlx::PgPool) -> Result<(), outbox_shared::Error> {
+//! use outbox_shared::{NewMessage, enqueue_batch, notify, DEFAULT_NOTIFY_CHANNEL};
+//!
+//! let mut tx = pool.begin().await.map_err(outbox_shared::Error::begin)?;
+//! // ... the application's own writes on `tx` ...
+//! let message = NewMessage::new("projects/p/topics/invoices", "invoice-1001-v3", b"{}".to_vec());
+//! enqueue_batch(&mut tx, &[message]).await?;
+//! notify(&mut tx, DEFAULT_NOTIFY_CHANNEL).await?;
+//! tx.commit().await.map_err(outbox_shared::Error::commit)?;
+//! # Ok(()) }
+//! ```
 //!
 //! Layout:
 //! - [`message`]: the message types that move through the outbox ([`NewMessage`], [`ClaimedMessage`]).
 //! - [`limits`]: Pub/Sub's hard limits, checked locally before a message costs a round trip.
 //! - [`retry`]: the durable retry schedule, a pure function of attempts and `now`.
 //! - [`store`]: ALL SQL, one module per table. Functions take a connection or a transaction so
-//!   callers compose transactions (any application can enqueue with [`store::outbox::enqueue_batch`]).
-//! - [`db`]: connecting (with bounded retries) and the embedded migrations.
-//! - [`telemetry`], [`health`], [`shutdown`]: logging, the HTTP endpoints, and signal handling.
+//!   callers compose transactions.
+//! - [`db`]: the embedded migrations ([`MIGRATOR`], [`migrate`]).
 //! - [`error`]: the typed errors of this crate.
 
 pub mod db;
 pub mod error;
-pub mod health;
 pub mod limits;
 pub mod message;
 pub mod retry;
-pub mod shutdown;
 pub mod store;
-pub mod telemetry;
 
+pub use db::{MIGRATOR, migrate};
 pub use error::{Error, Result};
-pub use message::{Attributes, ClaimedMessage, NewMessage};
+pub use limits::{LimitViolation, check_publishable};
+pub use message::{Attributes, ClaimedMessage, NewMessage, full_topic_name};
+pub use retry::{RetryDecision, RetrySchedule};
+pub use store::notify::{DEFAULT_CHANNEL as DEFAULT_NOTIFY_CHANNEL, notify};
+pub use store::outbox::enqueue_batch;
+
+/// The attribute that carries a message's dedupe key to consumers, unless configured otherwise.
+pub const DEFAULT_DEDUPE_ATTRIBUTE: &str = "dedupe_key";

@@ -26,6 +26,31 @@ pub struct NewMessage {
     pub attributes: Attributes,
 }
 
+impl NewMessage {
+    /// A message without ordering key or attributes.
+    pub fn new(topic: impl Into<String>, dedupe_key: impl Into<String>, payload: Vec<u8>) -> Self {
+        Self {
+            topic: topic.into(),
+            ordering_key: None,
+            dedupe_key: dedupe_key.into(),
+            payload,
+            attributes: Attributes::new(),
+        }
+    }
+
+    /// Publishes this message in order with the others of `key` on its topic.
+    pub fn with_ordering_key(mut self, key: impl Into<String>) -> Self {
+        self.ordering_key = Some(key.into());
+        self
+    }
+
+    /// Adds a Pub/Sub attribute.
+    pub fn with_attribute(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.attributes.insert(key.into(), value.into());
+        self
+    }
+}
+
 /// A row claimed by the dispatcher.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimedMessage {

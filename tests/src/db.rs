@@ -7,53 +7,79 @@ use sqlx::{ConnectOptions, Connection, PgConnection};
 
 use crate::env;
 
-/// A database created for one test from `DATABASE_URL`, migrated, and dropped on drop.
+/// A scratch database created from an admin URL (`DATABASE_URL` for tests), migrated, and
+/// dropped on drop. Tests, benchmarks and chaos runs all work in one.
 #[derive(Debug)]
 pub struct TestDb {
-    /// A pool on the test database.
+    /// A pool on the test database (default session settings).
     pub pool: PgPool,
     /// The test database's name.
     pub name: String,
     url: String,
+    admin_url: String,
+    options: PgConnectOptions,
 }
 
 impl TestDb {
-    /// Creates and migrates a fresh database.
+    /// Creates and migrates a fresh database from `DATABASE_URL`.
     pub async fn new() -> Self {
-        let db = Self::empty().await;
-        outbox_shared::db::migrate(&db.pool)
+        Self::create(&env::database_url(), "outbox_test")
             .await
-            .expect("migrations apply to a fresh database");
-        db
+            .expect("a migrated test database (run `scripts/services up`; the DATABASE_URL role needs CREATEDB)")
     }
 
-    /// Creates a fresh database without applying migrations.
+    /// Creates a fresh database from `DATABASE_URL` without applying migrations.
     pub async fn empty() -> Self {
-        let admin = PgConnectOptions::from_str(&env::database_url())
-            .expect("DATABASE_URL parses")
-            .disable_statement_logging();
-        let name = env::unique_name("outbox_test").to_lowercase();
-        let mut conn = PgConnection::connect_with(&admin)
+        Self::create_empty(&env::database_url(), "outbox_test")
             .await
-            .expect("PostgreSQL at DATABASE_URL answers (run `scripts/services up`)");
+            .expect(
+                "a test database (run `scripts/services up`; the DATABASE_URL role needs CREATEDB)",
+            )
+    }
+
+    /// Creates and migrates a database named `<prefix>_<unique>` on the server of `admin_url`.
+    pub async fn create(admin_url: &str, prefix: &str) -> Result<Self, outbox_shared::Error> {
+        let db = Self::create_empty(admin_url, prefix)
+            .await
+            .map_err(|source| outbox_shared::Error::Database {
+                context: "creating a scratch database (the role needs CREATEDB)",
+                source,
+            })?;
+        outbox_shared::migrate(&db.pool).await?;
+        Ok(db)
+    }
+
+    async fn create_empty(admin_url: &str, prefix: &str) -> Result<Self, sqlx::Error> {
+        let admin = PgConnectOptions::from_str(admin_url)?.disable_statement_logging();
+        let name = env::unique_name(prefix).to_lowercase();
+        let mut conn = PgConnection::connect_with(&admin).await?;
         sqlx::query(&format!("CREATE DATABASE {name}"))
             .execute(&mut conn)
-            .await
-            .expect("the DATABASE_URL role may CREATE DATABASE");
+            .await?;
         let _ = conn.close().await;
         let options = admin.clone().database(&name);
         let pool = PgPoolOptions::new()
             .max_connections(20)
             .connect_with(options.clone())
-            .await
-            .expect("connect to the new test database");
-        let url = replace_database(&env::database_url(), &name);
-        Self { pool, name, url }
+            .await?;
+        let url = replace_database(admin_url, &name);
+        Ok(Self {
+            pool,
+            name,
+            url,
+            admin_url: admin_url.to_owned(),
+            options,
+        })
     }
 
     /// A URL of the test database (for dispatcher/producer processes the test spawns).
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// Connect options of the test database, for pools with other settings.
+    pub fn options(&self) -> PgConnectOptions {
+        self.options.clone()
     }
 }
 
@@ -62,7 +88,7 @@ impl Drop for TestDb {
         // Drop cannot await, and a nested runtime here can stall on connections that belong to
         // the test's runtime: psql is synchronous and simple. WITH (FORCE) ends open sessions.
         let _ = std::process::Command::new("psql")
-            .arg(env::database_url())
+            .arg(&self.admin_url)
             .args(["-q", "-v", "ON_ERROR_STOP=1", "-c"])
             .arg(format!(
                 "DROP DATABASE IF EXISTS {} WITH (FORCE)",

@@ -1,14 +1,23 @@
-//! The real-services test harness: PostgreSQL, the Pub/Sub emulator and bqemulator.
+//! The real-services test harness: PostgreSQL, the Pub/Sub emulator and bqemulator, shared by the
+//! integration tests, the benchmarks and the chaos runs.
 //!
 //! Start the services with `scripts/services up` (the test command in README.md does), which
 //! exports the environment read by [`env`]. Every test gets its own database ([`db::TestDb`]) and
 //! its own topic and subscription ([`pubsub::TestTopic`]), so tests run in parallel.
-//! [`proxy`] adds network failures the real services cannot produce on demand (publish faults:
-//! `outbox_dispatcher::chaos`); [`process`] runs the binaries for signal tests.
+//! - [`fixtures`]: messages, enqueueing, outbox counts; [`wait`]: one `wait_until`.
+//! - [`dispatcher`]: dispatchers built as the binary builds them, with fast test settings.
+//! - [`ledger`]: the delivery verdict (lost, invented, duplicates, per-key order).
+//! - [`proxy`]: network failures the real services cannot produce on demand (publish faults:
+//!   `outbox_dispatcher::fault`); [`process`]: the binaries as child processes, for signal tests.
+//! - [`bigquery`]: tables on bqemulator.
 
 pub mod bigquery;
 pub mod db;
+pub mod dispatcher;
 pub mod env;
+pub mod fixtures;
+pub mod ledger;
 pub mod process;
 pub mod proxy;
 pub mod pubsub;
+pub mod wait;

@@ -83,12 +83,25 @@ pub async fn terminate_all(procs: Vec<Process>) {
     }
 }
 
-/// A free loopback port (bound then released).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+/// A loopback port for a child service to bind, or for a connection that must be refused.
+///
+/// It comes from 20000..32000, below the kernel's ephemeral range (32768-60999 on Linux), so no
+/// `bind(port 0)` or outgoing connection of a concurrent test can be handed it between this call
+/// and the child's bind (the race of "bind port 0, release, hope"). Each call of a run returns a
+/// different port, offset by the process id so concurrent runs differ, and skips ports something
+/// already listens on.
+pub fn unused_low_port() -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 20_000 + (std::process::id() % 400) as u16 * 30;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(n < 30, "out of test ports for this run");
+        let port = base + n;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// `GET path` over plain HTTP/1.0; returns (status, body).

@@ -6,6 +6,7 @@ use std::time::Duration;
 use google_cloud_pubsub::client::{Subscriber, SubscriptionAdmin, TopicAdmin};
 
 use crate::env;
+use crate::ledger::Arrival;
 
 /// A message as a subscriber received it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,8 +24,43 @@ pub struct Received {
 impl Received {
     /// The dedupe attribute (default name).
     pub fn dedupe_key(&self) -> &str {
-        self.attributes.get("dedupe_key").map_or("", String::as_str)
+        self.attributes
+            .get(outbox_shared::DEFAULT_DEDUPE_ATTRIBUTE)
+            .map_or("", String::as_str)
     }
+
+    /// What the delivery ledger judges.
+    pub fn arrival(&self) -> Arrival {
+        Arrival {
+            dedupe_key: self.dedupe_key().to_owned(),
+            ordering_key: self.ordering_key.clone(),
+        }
+    }
+}
+
+/// The ledger's view of `received`, in the order received.
+pub fn arrivals(received: &[Received]) -> Vec<Arrival> {
+    received.iter().map(Received::arrival).collect()
+}
+
+/// `received` in the order the emulator accepted the publishes (it numbers message ids so).
+pub fn by_publish_order(received: &[Received]) -> Vec<Received> {
+    let mut sorted = received.to_vec();
+    sorted.sort_by_key(|m| {
+        m.message_id
+            .parse::<u64>()
+            .expect("emulator message ids are numbers")
+    });
+    sorted
+}
+
+/// How often each dedupe key arrived.
+pub fn by_dedupe_key(received: &[Received]) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for m in received {
+        *counts.entry(m.dedupe_key().to_owned()).or_insert(0) += 1;
+    }
+    counts
 }
 
 /// The emulator endpoint as an http URL.

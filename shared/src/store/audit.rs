@@ -21,6 +21,7 @@ pub struct Action<'a> {
 }
 
 /// Records an action; returns the audit entry id.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn record(conn: &mut PgConnection, action: &Action<'_>) -> Result<i64> {
     sqlx::query_scalar(
         "INSERT INTO pubsub_outbox_audit (actor, action, selector, row_ids, row_count, reason)

@@ -37,6 +37,7 @@ pub struct ClaimFilter<'a> {
 
 /// Locks and returns up to `filter.limit` due rows **without an ordering key**, oldest due first,
 /// skipping rows other workers hold. Run inside a transaction kept open until they are settled.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn claim_batch(
     conn: &mut PgConnection,
     filter: &ClaimFilter<'_>,
@@ -121,6 +122,7 @@ type KeyedRow = (
 
 /// Claims whole ordering keys (see the module doc) and returns the publishable prefix of each:
 /// its rows from the head in id order, up to the first row not yet due.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn claim_ordered(
     conn: &mut PgConnection,
     claim: &OrderedClaim<'_>,

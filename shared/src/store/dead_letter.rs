@@ -46,6 +46,7 @@ pub struct Failure {
 }
 
 /// Moves outbox rows to the dead-letter table (delete + insert in one statement).
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn move_from_outbox(
     conn: &mut PgConnection,
     failures: &[Failure],
@@ -101,6 +102,7 @@ pub struct Rejection {
 
 /// Records messages a writer refused before enqueue. A dedupe key already dead-lettered is skipped
 /// (a producer lookback re-reading the same row adds nothing). Returns rows inserted.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn insert_rejected(
     conn: &mut PgConnection,
     source: &str,
@@ -181,6 +183,7 @@ pub struct DeadLetter {
 }
 
 /// Lists dead letters, newest first (optionally for one topic).
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn list(
     conn: &mut PgConnection,
     topic: Option<&str>,
@@ -205,6 +208,7 @@ pub async fn list(
 /// A message keeps its original outbox id, so it goes out **ahead of** the later messages of its
 /// ordering key that waited behind it. Returns the ids replayed; a dead letter whose dedupe key is
 /// back in the outbox already is left in place.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn replay(conn: &mut PgConnection, ids: &[i64]) -> Result<Vec<i64>> {
     sqlx::query_scalar(
         "WITH moved AS (
@@ -229,6 +233,7 @@ pub async fn replay(conn: &mut PgConnection, ids: &[i64]) -> Result<Vec<i64>> {
 }
 
 /// Ordering keys held back by a dead letter (topics in `skip_topics` do not block).
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn blocked_keys(conn: &mut PgConnection, skip_topics: &[String]) -> Result<i64> {
     sqlx::query_scalar(
         "SELECT count(*) FROM (
@@ -242,6 +247,7 @@ pub async fn blocked_keys(conn: &mut PgConnection, skip_topics: &[String]) -> Re
 }
 
 /// Deletes dead letters for good. Returns the ids discarded.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn discard(conn: &mut PgConnection, ids: &[i64]) -> Result<Vec<i64>> {
     sqlx::query_scalar("DELETE FROM pubsub_outbox_dead_letter WHERE id = ANY($1) RETURNING id")
         .bind(ids)

@@ -9,6 +9,7 @@ use crate::error::{DbContext, Result};
 pub const DEFAULT_CHANNEL: &str = "pubsub_outbox";
 
 /// Queues one notification on `channel`, delivered when the caller's transaction commits.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn notify(conn: &mut PgConnection, channel: &str) -> Result<()> {
     sqlx::query("SELECT pg_notify($1, '')")
         .bind(channel)

@@ -48,6 +48,7 @@ pub struct EnqueueOutcome {
 ///
 /// Runs on the caller's connection or transaction: enqueue in the same transaction as the business
 /// change (that is the point of an outbox), then call [`super::notify::notify`] once before commit.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn enqueue_batch(
     conn: &mut PgConnection,
     messages: &[NewMessage],
@@ -93,6 +94,7 @@ pub async fn enqueue_batch(
 }
 
 /// Deletes rows that were published (retention 0: nothing is kept).
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn delete_published(conn: &mut PgConnection, ids: &[i64]) -> Result<u64> {
     if ids.is_empty() {
         return Ok(0);
@@ -106,6 +108,7 @@ pub async fn delete_published(conn: &mut PgConnection, ids: &[i64]) -> Result<u6
 }
 
 /// Records the publish of retained rows: `(id, Pub/Sub message id)` pairs.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn mark_published(
     conn: &mut PgConnection,
     published: &[(i64, String)],
@@ -147,6 +150,7 @@ pub struct Retry {
 }
 
 /// Stores the retry schedule of failed rows (attempts, next attempt time, last error).
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn schedule_retries(conn: &mut PgConnection, retries: &[Retry]) -> Result<u64> {
     if retries.is_empty() {
         return Ok(0);
@@ -173,6 +177,7 @@ pub async fn schedule_retries(conn: &mut PgConnection, retries: &[Retry]) -> Res
 
 /// Deletes up to `limit` published rows older than `before`, skipping rows someone else holds,
 /// so a purge never stalls claiming. Returns how many were deleted.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn purge_published(
     conn: &mut PgConnection,
     before: DateTime<Utc>,
@@ -208,6 +213,7 @@ pub struct Backlog {
 
 /// Counts unpublished rows (index-only scans of the two partial indexes, each stopped at `cap`)
 /// and the age of the oldest row due now (keyed rows: among the oldest 100,000 ids, to stay cheap).
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn backlog(conn: &mut PgConnection, now: DateTime<Utc>, cap: i64) -> Result<Backlog> {
     let (unkeyed, keyed, oldest_unkeyed, oldest_keyed): (i64, i64, Option<DateTime<Utc>>, Option<DateTime<Utc>>) =
         sqlx::query_as(
@@ -244,6 +250,7 @@ pub async fn backlog(conn: &mut PgConnection, now: DateTime<Utc>, cap: i64) -> R
 }
 
 /// Reads one row by id (operators and tests).
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn get(conn: &mut PgConnection, id: i64) -> Result<Option<OutboxRow>> {
     #[derive(sqlx::FromRow)]
     struct Row {

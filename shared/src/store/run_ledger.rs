@@ -41,6 +41,7 @@ pub struct Counts {
 }
 
 /// Opens a run (outcome `running`); returns its id. Committed on its own so a crash leaves a trace.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn start(
     conn: &mut PgConnection,
     stream: &str,
@@ -61,6 +62,7 @@ pub async fn start(
 }
 
 /// Adds a committed chunk to the run (call in the chunk's transaction).
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn record_chunk(
     conn: &mut PgConnection,
     run_id: i64,
@@ -89,6 +91,7 @@ pub async fn record_chunk(
 }
 
 /// Closes a run with its outcome, bytes processed and error (if any).
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn finish(
     conn: &mut PgConnection,
     run_id: i64,
@@ -133,6 +136,7 @@ pub struct Run {
 }
 
 /// The latest runs of a stream, newest first.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn recent(conn: &mut PgConnection, stream: &str, limit: i64) -> Result<Vec<Run>> {
     sqlx::query_as(
         "SELECT id, stream, rows_fetched, rows_enqueued, rows_duplicate, rows_rejected, outcome, error

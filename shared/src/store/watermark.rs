@@ -18,6 +18,7 @@ pub struct Cursor {
 }
 
 /// Reads the stored cursor of `stream` (None: never run).
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn get(conn: &mut PgConnection, stream: &str) -> Result<Option<Cursor>> {
     let row: Option<(i64, String)> = sqlx::query_as(
         "SELECT cursor_micros, cursor_key FROM producer_watermark WHERE stream = $1",
@@ -32,6 +33,7 @@ pub async fn get(conn: &mut PgConnection, stream: &str) -> Result<Option<Cursor>
 /// Takes the stream's run lock for the rest of the caller's *session* (not transaction):
 /// `wait = false` returns whether it was free; `wait = true` blocks until it is.
 /// Released by [`unlock`] or when the connection closes (a crashed run frees it).
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn lock(conn: &mut PgConnection, stream: &str, wait: bool) -> Result<bool> {
     let sql = if wait {
         "SELECT true FROM (SELECT pg_advisory_lock(hashtextextended('producer:' || $1, 0))) l"
@@ -46,6 +48,7 @@ pub async fn lock(conn: &mut PgConnection, stream: &str, wait: bool) -> Result<b
 }
 
 /// Releases the lock taken by [`lock`].
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn unlock(conn: &mut PgConnection, stream: &str) -> Result<()> {
     sqlx::query("SELECT pg_advisory_unlock(hashtextextended('producer:' || $1, 0))")
         .bind(stream)
@@ -57,6 +60,7 @@ pub async fn unlock(conn: &mut PgConnection, stream: &str) -> Result<()> {
 
 /// Moves the stream's cursor forward to `to` (never backwards) in the caller's transaction.
 /// Returns the stored cursor afterwards.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn advance(
     conn: &mut PgConnection,
     stream: &str,

@@ -2,170 +2,22 @@
 //! PostgreSQL and the Pub/Sub emulator.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, SubsecRound, Utc};
-use clap::Parser;
 use google_cloud_gax::error::rpc::Code;
-use prometheus_client::registry::Registry;
-use sqlx::PgPool;
 
 use harness::db::TestDb;
-use harness::process::{Process, free_port, http_get};
+use harness::dispatcher::{self as test_dispatcher, Running, real_publisher};
+use harness::fixtures::{count, enqueue, enqueue_numbered, message, outbox_rows};
+use harness::process::{Process, http_get};
 use harness::proxy::TcpProxy;
-use harness::pubsub::{Received, TestTopic};
-use outbox_dispatcher::breaker::Breaker;
-use outbox_dispatcher::chaos::{Chaos, Fault};
-use outbox_dispatcher::metrics::Metrics;
-use outbox_dispatcher::publisher::{Publish, PubsubArgs, PubsubPublisher};
-use outbox_dispatcher::worker::{BatchOutcome, BatchSettings, Dispatch, run_batch};
-use outbox_dispatcher::{Cli, service};
+use harness::pubsub::{Received, TestTopic, by_dedupe_key};
+use harness::wait::drained;
+use outbox_dispatcher::BatchOutcome;
+use outbox_dispatcher::fault::{Fault, FaultInjector};
 use outbox_shared::NewMessage;
-use outbox_shared::retry::RetrySchedule;
 use outbox_shared::store::{claim, dead_letter, outbox};
-
-pub(crate) fn message(topic: &str, key: &str, attrs: &[(&str, &str)]) -> NewMessage {
-    NewMessage {
-        topic: topic.to_owned(),
-        ordering_key: None,
-        dedupe_key: key.to_owned(),
-        payload: format!("payload of {key}").into_bytes(),
-        attributes: attrs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect(),
-    }
-}
-
-pub(crate) async fn enqueue(pool: &PgPool, messages: &[NewMessage]) {
-    let mut tx = pool.begin().await.expect("begin");
-    outbox::enqueue_batch(&mut tx, messages)
-        .await
-        .expect("enqueue");
-    tx.commit().await.expect("commit");
-}
-
-/// Enqueues `n` messages `m0`… `m<n-1>` on `topic`, 1,000 per transaction.
-pub(crate) async fn enqueue_numbered(pool: &PgPool, topic: &str, n: usize) {
-    let msgs: Vec<NewMessage> = (0..n)
-        .map(|i| message(topic, &format!("m{i}"), &[]))
-        .collect();
-    for chunk in msgs.chunks(1000) {
-        enqueue(pool, chunk).await;
-    }
-}
-
-pub(crate) async fn count(pool: &PgPool, sql: &str) -> i64 {
-    sqlx::query_scalar(sql)
-        .fetch_one(pool)
-        .await
-        .expect("count query")
-}
-
-pub(crate) fn pubsub_args(host: &str) -> PubsubArgs {
-    PubsubArgs {
-        pubsub_emulator_host: Some(host.to_owned()),
-        pubsub_endpoint: None,
-        pubsub_project: harness::env::pubsub_project(),
-        publish_timeout: Duration::from_secs(5),
-        dedupe_attribute: "dedupe_key".to_owned(),
-        publish_delay: Duration::from_millis(1),
-    }
-}
-
-pub(crate) async fn real_publisher() -> PubsubPublisher {
-    PubsubPublisher::connect(&pubsub_args(&harness::env::pubsub_emulator_host()))
-        .await
-        .expect("publisher connects")
-}
-
-pub(crate) fn schedule() -> RetrySchedule {
-    RetrySchedule {
-        base: Duration::from_secs(2),
-        cap: Duration::from_secs(60),
-        jitter: 0.0,
-        max_attempts: 4,
-    }
-}
-
-pub(crate) fn dispatch<P: Publish>(pool: &PgPool, publisher: P, batch_size: i64) -> Dispatch<P> {
-    let metrics = Arc::new(Metrics::register(&mut Registry::default()));
-    let breaker = Arc::new(Breaker::new(
-        Duration::from_millis(100),
-        Duration::from_secs(1),
-        metrics.breaker_open.clone(),
-    ));
-    let settings = BatchSettings {
-        batch_size,
-        topics: None,
-        retain_published: false,
-        dedupe_attribute: "dedupe_key".to_owned(),
-        schedule: schedule(),
-        key_scan_limit: 1000,
-        skip_dead_letter_topics: Vec::new(),
-    };
-    Dispatch::new(
-        pool.clone(),
-        Arc::new(publisher),
-        settings,
-        metrics,
-        breaker,
-        64 << 20,
-    )
-}
-
-/// Waits until no unpublished row is left, or panics after `limit`.
-pub(crate) async fn wait_drained(pool: &PgPool, limit: Duration) {
-    let started = Instant::now();
-    loop {
-        let left = count(
-            pool,
-            "SELECT count(*) FROM pubsub_outbox WHERE published_at IS NULL",
-        )
-        .await;
-        if left == 0 {
-            return;
-        }
-        assert!(
-            started.elapsed() < limit,
-            "{left} rows still unpublished after {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-pub(crate) fn by_dedupe_key(received: &[Received]) -> HashMap<String, usize> {
-    let mut counts = HashMap::new();
-    for m in received {
-        *counts.entry(m.dedupe_key().to_owned()).or_insert(0) += 1;
-    }
-    counts
-}
-
-pub(crate) fn cli(db: &TestDb, pubsub_host: &str, listen: &str, extra: &[&str]) -> Cli {
-    let mut args = vec![
-        "dispatcher",
-        "--database-url",
-        db.url(),
-        "--pubsub-emulator-host",
-        pubsub_host,
-        "--listen-addr",
-        listen,
-        "--publish-timeout",
-        "5s",
-        "--poll-interval",
-        "50ms",
-        "--max-poll-interval",
-        "200ms",
-        "--breaker-cooldown",
-        "200ms",
-        "--breaker-max-cooldown",
-        "1s",
-    ];
-    args.extend_from_slice(extra);
-    Cli::try_parse_from(args).expect("valid dispatcher arguments")
-}
 
 #[tokio::test]
 async fn messages_over_several_topics_from_concurrent_writers_all_arrive_with_attributes_and_dedupe_key()
@@ -200,19 +52,15 @@ async fn messages_over_several_topics_from_concurrent_writers_all_arrive_with_at
         })
         .collect();
 
-    let listen = format!("127.0.0.1:{}", free_port());
-    let (trigger, shutdown) = outbox_shared::shutdown::channel();
-    let cli = cli(
-        &db,
-        &harness::env::pubsub_emulator_host(),
-        &listen,
-        &["--workers", "3", "--batch-size", "100"],
-    );
-    let service = tokio::spawn(async move { service::run(&cli, shutdown).await });
+    let mut config = test_dispatcher::config();
+    config.workers = 3;
+    let service =
+        Running::start(test_dispatcher::build_service(&db, real_publisher().await, config).await);
+    let listen = service.addr();
     for w in writers {
         w.await.expect("writer finished");
     }
-    wait_drained(&db.pool, Duration::from_secs(60)).await;
+    drained(&db.pool, Duration::from_secs(60)).await;
 
     let (status, _) = http_get(&listen, "/readyz").await;
     assert_eq!(status, 200, "ready while the database and Pub/Sub answer");
@@ -221,11 +69,7 @@ async fn messages_over_several_topics_from_concurrent_writers_all_arrive_with_at
         metrics.contains("outbox_published_total 1200"),
         "published counter counts every message:\n{metrics}"
     );
-    trigger.fire();
-    service
-        .await
-        .expect("service task")
-        .expect("service stops cleanly");
+    service.stop().await;
 
     let mut all = Vec::new();
     for (n, t) in topics.iter().enumerate() {
@@ -261,11 +105,7 @@ async fn messages_over_several_topics_from_concurrent_writers_all_arrive_with_at
             "payload bytes kept for {key}"
         );
     }
-    assert_eq!(
-        count(&db.pool, "SELECT count(*) FROM pubsub_outbox").await,
-        0,
-        "published rows are deleted"
-    );
+    assert_eq!(outbox_rows(&db.pool).await, 0, "published rows are deleted");
 }
 
 #[tokio::test]
@@ -314,7 +154,6 @@ async fn two_dispatcher_processes_with_several_workers_publish_every_row_exactly
     ];
     let mut procs = Vec::new();
     for _ in 0..2 {
-        let listen = format!("127.0.0.1:{}", free_port());
         procs.push(Process::spawn(
             "dispatcher",
             &[
@@ -323,12 +162,12 @@ async fn two_dispatcher_processes_with_several_workers_publish_every_row_exactly
                 "--batch-size",
                 "50",
                 "--listen-addr",
-                &listen,
+                "127.0.0.1:0",
             ],
             &envs,
         ));
     }
-    wait_drained(&db.pool, Duration::from_secs(90)).await;
+    drained(&db.pool, Duration::from_secs(90)).await;
     let got = topic.pull(n, Duration::from_secs(5)).await;
     let counts = by_dedupe_key(&got);
     assert_eq!(counts.len(), n, "every row arrived");
@@ -352,7 +191,7 @@ async fn transient_failures_advance_attempts_on_schedule_then_dead_letter_with_t
         ],
     )
     .await;
-    let faulty = Chaos::passthrough(real_publisher().await);
+    let faulty = FaultInjector::passthrough(real_publisher().await);
     faulty.fail(
         "flaky",
         Fault {
@@ -360,7 +199,7 @@ async fn transient_failures_advance_attempts_on_schedule_then_dead_letter_with_t
             times: None,
         },
     );
-    let d = dispatch(&db.pool, faulty, 100);
+    let d = test_dispatcher::build(&db.pool, faulty, test_dispatcher::config()).await;
     let id: i64 = sqlx::query_scalar("SELECT id FROM pubsub_outbox WHERE dedupe_key = 'flaky'")
         .fetch_one(&db.pool)
         .await
@@ -370,7 +209,7 @@ async fn transient_failures_advance_attempts_on_schedule_then_dead_letter_with_t
     let mut now: DateTime<Utc> = Utc::now().trunc_subsecs(6);
     // schedule(): base 2 s, no jitter, 4 attempts: retries after 2 s, 4 s, 8 s, then dead letter.
     for (attempt, delay) in [(1, 2), (2, 4), (3, 8)] {
-        let outcome = run_batch(&d, now).await.expect("batch runs");
+        let outcome = d.run_batch(now).await.expect("batch runs");
         assert!(
             matches!(outcome, BatchOutcome::Settled(_)),
             "settled, not an outage: {outcome:?}"
@@ -393,12 +232,10 @@ async fn transient_failures_advance_attempts_on_schedule_then_dead_letter_with_t
             Some("UNAVAILABLE: injected fault")
         );
         // Not due before its time.
-        let early = run_batch(
-            &d,
-            now + chrono::Duration::seconds(delay) - chrono::Duration::milliseconds(1),
-        )
-        .await
-        .expect("batch");
+        let early = d
+            .run_batch(now + chrono::Duration::seconds(delay) - chrono::Duration::milliseconds(1))
+            .await
+            .expect("batch");
         assert_eq!(
             early,
             BatchOutcome::Empty,
@@ -406,12 +243,8 @@ async fn transient_failures_advance_attempts_on_schedule_then_dead_letter_with_t
         );
         now += chrono::Duration::seconds(delay);
     }
-    run_batch(&d, now).await.expect("last attempt");
-    assert_eq!(
-        count(&db.pool, "SELECT count(*) FROM pubsub_outbox").await,
-        0,
-        "the outbox is empty"
-    );
+    d.run_batch(now).await.expect("last attempt");
+    assert_eq!(outbox_rows(&db.pool).await, 0, "the outbox is empty");
     let dead = dead_letter::list(&mut db.pool.acquire().await.expect("conn"), None, 10)
         .await
         .expect("list");
@@ -453,8 +286,9 @@ async fn permanent_failures_are_dead_lettered_with_the_reason_and_the_rest_of_th
         message(&topic.topic, "good-3", &[]),
     ];
     enqueue(&db.pool, &batch).await;
-    let d = dispatch(&db.pool, real_publisher().await, 100);
-    let outcome = run_batch(&d, Utc::now()).await.expect("batch runs");
+    let d =
+        test_dispatcher::build(&db.pool, real_publisher().await, test_dispatcher::config()).await;
+    let outcome = d.run_batch(Utc::now()).await.expect("batch runs");
     let BatchOutcome::Settled(s) = outcome else {
         panic!("expected a settled batch, got {outcome:?}")
     };
@@ -491,10 +325,7 @@ async fn permanent_failures_are_dead_lettered_with_the_reason_and_the_rest_of_th
         reasons.values().all(|(kind, _)| *kind == "permanent"),
         "{reasons:?}"
     );
-    assert_eq!(
-        count(&db.pool, "SELECT count(*) FROM pubsub_outbox").await,
-        0
-    );
+    assert_eq!(outbox_rows(&db.pool).await, 0);
     let got = topic.pull(3, Duration::from_secs(5)).await;
     let mut keys: Vec<&str> = got.iter().map(Received::dedupe_key).collect();
     keys.sort_unstable();
@@ -510,28 +341,19 @@ async fn a_pubsub_outage_dead_letters_nothing_charges_no_attempt_and_the_backlog
     let db = TestDb::new().await;
     let topic = TestTopic::new(false).await;
     let proxy = TcpProxy::start(&harness::env::pubsub_emulator_host()).await;
-    let listen = format!("127.0.0.1:{}", free_port());
-    let (trigger, shutdown) = outbox_shared::shutdown::channel();
-    let cli = cli(
-        &db,
-        &proxy.addr(),
-        &listen,
-        &[
-            "--workers",
-            "2",
-            "--batch-size",
-            "50",
-            "--max-attempts",
-            "2",
-        ],
-    );
-    let service = tokio::spawn(async move { service::run(&cli, shutdown).await });
+    let mut config = test_dispatcher::config_for(&proxy.addr());
+    config.workers = 2;
+    config.batch.batch_size = 50;
+    config.batch.schedule.max_attempts = 2;
+    let publisher = test_dispatcher::publisher_at(&proxy.addr()).await;
+    let service = Running::start(test_dispatcher::build_service(&db, publisher, config).await);
+    let listen = service.addr();
 
     let before: Vec<NewMessage> = (0..100)
         .map(|i| message(&topic.topic, &format!("before-{i}"), &[]))
         .collect();
     enqueue(&db.pool, &before).await;
-    wait_drained(&db.pool, Duration::from_secs(30)).await;
+    drained(&db.pool, Duration::from_secs(30)).await;
 
     proxy.set_down(true);
     let during: Vec<NewMessage> = (0..300)
@@ -554,11 +376,7 @@ async fn a_pubsub_outage_dead_letters_nothing_charges_no_attempt_and_the_backlog
         0,
         "an outage charges no attempt"
     );
-    assert_eq!(
-        count(&db.pool, "SELECT count(*) FROM pubsub_outbox").await,
-        300,
-        "the backlog waits"
-    );
+    assert_eq!(outbox_rows(&db.pool).await, 300, "the backlog waits");
     // The breaker closes briefly between a probe and the next failed publish: sample until open.
     let started = Instant::now();
     loop {
@@ -575,12 +393,8 @@ async fn a_pubsub_outage_dead_letters_nothing_charges_no_attempt_and_the_backlog
     }
 
     proxy.set_down(false);
-    wait_drained(&db.pool, Duration::from_secs(60)).await;
-    trigger.fire();
-    service
-        .await
-        .expect("service task")
-        .expect("service stops cleanly");
+    drained(&db.pool, Duration::from_secs(60)).await;
+    service.stop().await;
     let got = topic.pull(400, Duration::from_secs(5)).await;
     let counts = by_dedupe_key(&got);
     for m in before.iter().chain(&during) {
@@ -620,7 +434,7 @@ async fn a_sigkilled_dispatcher_loses_nothing_and_only_in_flight_rows_arrive_twi
     ];
     let mut first = Process::spawn("dispatcher", &args, &envs);
     let started = Instant::now();
-    while count(&db.pool, "SELECT count(*) FROM pubsub_outbox").await > (n as i64) / 2 {
+    while outbox_rows(&db.pool).await > (n as i64) / 2 {
         assert!(
             started.elapsed() < Duration::from_secs(60),
             "the dispatcher makes progress; log:\n{}",
@@ -630,11 +444,11 @@ async fn a_sigkilled_dispatcher_loses_nothing_and_only_in_flight_rows_arrive_twi
     }
     first.signal("KILL");
     let _ = first.child.wait().await;
-    let left = count(&db.pool, "SELECT count(*) FROM pubsub_outbox").await;
+    let left = outbox_rows(&db.pool).await;
     assert!(left > 0, "killed before the end");
 
     let mut second = Process::spawn("dispatcher", &args, &envs);
-    wait_drained(&db.pool, Duration::from_secs(60)).await;
+    drained(&db.pool, Duration::from_secs(60)).await;
     second.signal("TERM");
     let _ = second.child.wait().await;
 
@@ -716,7 +530,7 @@ async fn sigterm_with_a_batch_in_flight_exits_zero_within_the_grace_period_and_s
         "within the grace period"
     );
     assert_eq!(
-        count(&db.pool, "SELECT count(*) FROM pubsub_outbox").await,
+        outbox_rows(&db.pool).await,
         0,
         "the in-flight batch was settled"
     );

@@ -5,13 +5,11 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 
 use harness::db::TestDb;
-use harness::process::free_port;
+use harness::dispatcher::{self as test_dispatcher, Running, real_publisher};
+use harness::fixtures::{enqueue, message, outbox_dedupe_keys, outbox_rows};
 use harness::pubsub::{Received, TestTopic};
-use outbox_dispatcher::service;
-use outbox_dispatcher::worker::{BatchOutcome, run_batch};
+use outbox_dispatcher::BatchOutcome;
 use outbox_shared::store::{notify, outbox};
-
-use super::dispatcher::{cli, count, dispatch, enqueue, message, real_publisher};
 
 #[tokio::test]
 async fn a_topic_filter_publishes_only_its_topic_and_leaves_the_rest() {
@@ -26,22 +24,20 @@ async fn a_topic_filter_publishes_only_its_topic_and_leaves_the_rest() {
         ],
     )
     .await;
-    let mut d = dispatch(&db.pool, real_publisher().await, 100);
-    d.settings.topics = Some(vec![mine.topic.clone()]);
-    let outcome = run_batch(&d, Utc::now()).await.expect("batch");
+    let mut config = test_dispatcher::config();
+    config.batch.topics = Some(vec![mine.topic.clone()]);
+    let d = test_dispatcher::build(&db.pool, real_publisher().await, config).await;
+    let outcome = d.run_batch(Utc::now()).await.expect("batch");
     assert!(
         matches!(outcome, BatchOutcome::Settled(s) if s.published == 2),
         "{outcome:?}"
     );
     assert_eq!(
-        run_batch(&d, Utc::now()).await.expect("batch"),
+        d.run_batch(Utc::now()).await.expect("batch"),
         BatchOutcome::Empty,
         "nothing else is ours"
     );
-    let left: Vec<String> = sqlx::query_scalar("SELECT dedupe_key FROM pubsub_outbox")
-        .fetch_all(&db.pool)
-        .await
-        .expect("rows");
+    let left = outbox_dedupe_keys(&db.pool).await;
     assert_eq!(
         left,
         vec!["other-1"],
@@ -58,9 +54,11 @@ async fn retained_rows_record_the_message_id_and_are_purged_after_the_retention(
     let db = TestDb::new().await;
     let topic = TestTopic::new(false).await;
     enqueue(&db.pool, &[message(&topic.topic, "kept", &[])]).await;
-    let mut d = dispatch(&db.pool, real_publisher().await, 100);
-    d.settings.retain_published = true;
-    run_batch(&d, Utc::now()).await.expect("batch");
+    let mut config = test_dispatcher::config();
+    config.retention = Duration::from_secs(3600);
+    config.batch.retain_published = true;
+    let d = test_dispatcher::build(&db.pool, real_publisher().await, config).await;
+    d.run_batch(Utc::now()).await.expect("batch");
     let (published_at, message_id): (Option<chrono::DateTime<Utc>>, Option<String>) =
         sqlx::query_as(
             "SELECT published_at, pubsub_message_id FROM pubsub_outbox WHERE dedupe_key = 'kept'",
@@ -76,7 +74,7 @@ async fn retained_rows_record_the_message_id_and_are_purged_after_the_retention(
         "the Pub/Sub message id is recorded"
     );
     assert_eq!(
-        run_batch(&d, Utc::now()).await.expect("batch"),
+        d.run_batch(Utc::now()).await.expect("batch"),
         BatchOutcome::Empty,
         "a published row is not claimed again"
     );
@@ -90,28 +88,21 @@ async fn retained_rows_record_the_message_id_and_are_purged_after_the_retention(
         .await
         .expect("purge");
     assert_eq!(old, 1, "rows older than the retention are purged");
-    assert_eq!(
-        count(&db.pool, "SELECT count(*) FROM pubsub_outbox").await,
-        0
-    );
+    assert_eq!(outbox_rows(&db.pool).await, 0);
 }
 
 #[tokio::test]
 async fn a_notify_wakes_an_idle_dispatcher_long_before_its_next_poll() {
     let db = TestDb::new().await;
     let topic = TestTopic::new(false).await;
-    let listen = format!("127.0.0.1:{}", free_port());
-    let (trigger, shutdown) = outbox_shared::shutdown::channel();
     // Polling every 60 s: only a NOTIFY can explain a prompt publish.
-    let mut cli = cli(
-        &db,
-        &harness::env::pubsub_emulator_host(),
-        &listen,
-        &["--workers", "1"],
-    );
-    cli.dispatch.poll_interval = Duration::from_secs(60);
-    cli.dispatch.max_poll_interval = Duration::from_secs(60);
-    let service = tokio::spawn(async move { service::run(&cli, shutdown).await });
+    let mut config = test_dispatcher::config();
+    config.workers = 1;
+    config.idle.poll_interval = Duration::from_secs(60);
+    config.idle.max_poll_interval = Duration::from_secs(60);
+    config.liveness_timeout = Duration::from_secs(300);
+    let service =
+        Running::start(test_dispatcher::build_service(&db, real_publisher().await, config).await);
     // Let the worker find nothing and go idle, and the listener connect.
     tokio::time::sleep(Duration::from_secs(2)).await;
 
@@ -124,7 +115,7 @@ async fn a_notify_wakes_an_idle_dispatcher_long_before_its_next_poll() {
         .await
         .expect("notify");
     tx.commit().await.expect("commit");
-    while count(&db.pool, "SELECT count(*) FROM pubsub_outbox").await > 0 {
+    while outbox_rows(&db.pool).await > 0 {
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "published long before the 60 s poll"
@@ -132,7 +123,6 @@ async fn a_notify_wakes_an_idle_dispatcher_long_before_its_next_poll() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     eprintln!("NOTIFY to publish: {:?}", started.elapsed());
-    trigger.fire();
-    service.await.expect("service task").expect("clean stop");
+    service.stop().await;
     assert_eq!(topic.pull(1, Duration::from_secs(5)).await.len(), 1);
 }

@@ -1,112 +1,27 @@
 //! Strict per-key ordering across processes, failures and SIGKILL; per-key head-of-line blocking.
 
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use chrono::Utc;
 use google_cloud_gax::error::rpc::Code;
-use sqlx::PgPool;
 
 use harness::db::TestDb;
+use harness::dispatcher::{self as test_dispatcher, drain, real_publisher};
+use harness::fixtures::{enqueue, keyed_dedupe as dedupe, keyed_messages, outbox_dedupe_keys};
+use harness::ledger::DeliveryLedger;
 use harness::process::Process;
-use harness::pubsub::{Received, TestTopic};
-
-use super::dispatcher::{dispatch, real_publisher};
-use outbox_dispatcher::chaos::{Chaos, Fault};
-use outbox_dispatcher::worker::{BatchOutcome, Dispatch, run_batch};
-use outbox_shared::NewMessage;
-use outbox_shared::store::{dead_letter, outbox};
+use harness::pubsub::{Received, TestTopic, arrivals, by_publish_order};
+use harness::wait::outbox_at_most;
+use outbox_dispatcher::fault::{Fault, FaultInjector};
+use outbox_shared::store::dead_letter;
 
 const KEYS: usize = 200;
 const PER_KEY: usize = 50;
 
-fn dedupe(key: usize, seq: usize) -> String {
-    format!("k{key:03}-m{seq:02}")
-}
-
-/// Enqueues KEYS x PER_KEY messages, interleaved across keys, each key's in sequence order.
-async fn enqueue_keyed(pool: &PgPool, topic: &str) {
-    let all: Vec<NewMessage> = (0..PER_KEY)
-        .flat_map(|seq| (0..KEYS).map(move |key| (key, seq)))
-        .map(|(key, seq)| NewMessage {
-            topic: topic.to_owned(),
-            ordering_key: Some(format!("key-{key:03}")),
-            dedupe_key: dedupe(key, seq),
-            payload: format!("{key}:{seq}").into_bytes(),
-            attributes: Default::default(),
-        })
-        .collect();
-    for chunk in all.chunks(1000) {
-        let mut tx = pool.begin().await.expect("begin");
-        outbox::enqueue_batch(&mut tx, chunk)
-            .await
-            .expect("enqueue");
-        tx.commit().await.expect("commit");
-    }
-}
-
-async fn remaining(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM pubsub_outbox")
-        .fetch_one(pool)
-        .await
-        .expect("count")
-}
-
-async fn wait_until(pool: &PgPool, left: i64, limit: Duration, what: &str) {
-    let started = Instant::now();
-    loop {
-        let n = remaining(pool).await;
-        if n <= left {
-            return;
-        }
-        assert!(
-            started.elapsed() < limit,
-            "{what}: {n} rows left after {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Per ordering key, the sequence numbers of the first arrival of each dedupe key, in the order
-/// given (delivery order, or publish order when sorted by message id).
-fn first_arrivals(received: &[Received]) -> HashMap<String, Vec<usize>> {
-    let mut seen = std::collections::HashSet::new();
-    let mut per_key: HashMap<String, Vec<usize>> = HashMap::new();
-    for m in received {
-        if seen.insert(m.dedupe_key().to_owned()) {
-            let seq = m
-                .dedupe_key()
-                .rsplit("-m")
-                .next()
-                .and_then(|s| s.parse().ok())
-                .expect("dedupe key shape");
-            per_key.entry(m.ordering_key.clone()).or_default().push(seq);
-        }
-    }
-    per_key
-}
-
-fn assert_every_key_in_enqueue_order(received: &[Received], what: &str) {
-    let per_key = first_arrivals(received);
-    assert_eq!(per_key.len(), KEYS, "{what}: every key arrived");
-    let expected: Vec<usize> = (0..PER_KEY).collect();
-    for (key, seqs) in &per_key {
-        assert_eq!(
-            seqs, &expected,
-            "{what}: key {key} arrived complete and in enqueue order"
-        );
-    }
-}
-
-fn by_publish_order(received: &[Received]) -> Vec<Received> {
-    let mut sorted = received.to_vec();
-    // The emulator numbers messages in the order it accepts them.
-    sorted.sort_by_key(|m| {
-        m.message_id
-            .parse::<u64>()
-            .expect("emulator message ids are numbers")
-    });
-    sorted
+/// Asserts every key arrived complete and its first arrivals in enqueue order, in the order given.
+fn assert_every_key_in_enqueue_order(ledger: &DeliveryLedger, received: &[Received], what: &str) {
+    let verdict = ledger.verdict(&arrivals(received));
+    verdict.assert_clean(what);
+    assert_eq!(verdict.arrivals, received.len());
 }
 
 fn spawn_dispatchers(db: &TestDb, n: usize, extra: &[&str]) -> Vec<Process> {
@@ -122,7 +37,7 @@ fn spawn_dispatchers(db: &TestDb, n: usize, extra: &[&str]) -> Vec<Process> {
         "--listen-addr",
         "127.0.0.1:0",
         // Injected transient failures on 2% of publishes; retried quickly, never dead-lettered.
-        "--chaos-failure-rate",
+        "--inject-failure-rate",
         "0.02",
         "--backoff-base",
         "50ms",
@@ -145,18 +60,17 @@ fn spawn_dispatchers(db: &TestDb, n: usize, extra: &[&str]) -> Vec<Process> {
 async fn three_processes_with_injected_failures_publish_every_key_in_enqueue_order() {
     let db = TestDb::new().await;
     let topic = TestTopic::new(true).await;
-    enqueue_keyed(&db.pool, &topic.topic).await;
+    let messages = keyed_messages(&topic.topic, KEYS, PER_KEY);
+    enqueue(&db.pool, &messages).await;
+    let ledger = DeliveryLedger::of(&messages);
     let procs = spawn_dispatchers(&db, 3, &[]);
-    wait_until(&db.pool, 0, Duration::from_secs(240), "drain").await;
+    outbox_at_most(&db.pool, 0, Duration::from_secs(240), "drain").await;
     harness::process::terminate_all(procs).await;
 
     let received = topic.pull(KEYS * PER_KEY, Duration::from_secs(10)).await;
-    assert_every_key_in_enqueue_order(&received, "delivery order");
-    assert_every_key_in_enqueue_order(&by_publish_order(&received), "publish order");
-    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM pubsub_outbox_dead_letter")
-        .fetch_one(&db.pool)
-        .await
-        .expect("count");
+    assert_every_key_in_enqueue_order(&ledger, &received, "delivery order");
+    assert_every_key_in_enqueue_order(&ledger, &by_publish_order(&received), "publish order");
+    let dead = harness::fixtures::dead_letters(&db.pool).await;
     assert_eq!(
         dead, 0,
         "transient failures never dead-letter with max attempts this high"
@@ -167,10 +81,12 @@ async fn three_processes_with_injected_failures_publish_every_key_in_enqueue_ord
 async fn a_sigkill_mid_run_loses_nothing_and_first_arrivals_keep_enqueue_order() {
     let db = TestDb::new().await;
     let topic = TestTopic::new(true).await;
-    enqueue_keyed(&db.pool, &topic.topic).await;
+    let messages = keyed_messages(&topic.topic, KEYS, PER_KEY);
+    enqueue(&db.pool, &messages).await;
+    let ledger = DeliveryLedger::of(&messages);
     let mut procs = spawn_dispatchers(&db, 3, &[]);
     let total = (KEYS * PER_KEY) as i64;
-    wait_until(
+    outbox_at_most(
         &db.pool,
         total / 2,
         Duration::from_secs(240),
@@ -180,7 +96,7 @@ async fn a_sigkill_mid_run_loses_nothing_and_first_arrivals_keep_enqueue_order()
     let mut victim = procs.remove(0);
     victim.signal("KILL");
     let _ = victim.child.wait().await;
-    wait_until(
+    outbox_at_most(
         &db.pool,
         0,
         Duration::from_secs(240),
@@ -201,27 +117,12 @@ async fn a_sigkill_mid_run_loses_nothing_and_first_arrivals_keep_enqueue_order()
         duplicates <= 300,
         "duplicates bounded by the killed process's in-flight rows: {duplicates}"
     );
-    assert_every_key_in_enqueue_order(&received, "delivery order (first arrivals)");
+    assert_every_key_in_enqueue_order(&ledger, &received, "delivery order (first arrivals)");
     assert_every_key_in_enqueue_order(
+        &ledger,
         &by_publish_order(&received),
         "publish order (first arrivals)",
     );
-}
-
-async fn drain<P: outbox_dispatcher::publisher::Publish>(d: &Dispatch<P>) {
-    for _ in 0..1000 {
-        if run_batch(d, Utc::now()).await.expect("batch runs") == BatchOutcome::Empty {
-            return;
-        }
-    }
-    panic!("the outbox did not settle");
-}
-
-async fn keys_left(pool: &PgPool) -> Vec<String> {
-    sqlx::query_scalar("SELECT dedupe_key FROM pubsub_outbox ORDER BY id")
-        .fetch_all(pool)
-        .await
-        .expect("rows")
 }
 
 #[tokio::test]
@@ -229,23 +130,10 @@ async fn a_permanently_failing_message_blocks_only_its_key_until_discarded_or_re
     let db = TestDb::new().await;
     let topic = TestTopic::new(true).await;
     let (keys, per_key) = (10, 8);
-    let messages: Vec<NewMessage> = (0..per_key)
-        .flat_map(|seq| (0..keys).map(move |key| (key, seq)))
-        .map(|(key, seq)| NewMessage {
-            topic: topic.topic.clone(),
-            ordering_key: Some(format!("key-{key:03}")),
-            dedupe_key: dedupe(key, seq),
-            payload: Vec::from(b"x".as_slice()),
-            attributes: Default::default(),
-        })
-        .collect();
-    let mut tx = db.pool.begin().await.expect("begin");
-    outbox::enqueue_batch(&mut tx, &messages)
-        .await
-        .expect("enqueue");
-    tx.commit().await.expect("commit");
+    let messages = keyed_messages(&topic.topic, keys, per_key);
+    enqueue(&db.pool, &messages).await;
 
-    let publisher = Chaos::passthrough(real_publisher().await);
+    let publisher = FaultInjector::passthrough(real_publisher().await);
     publisher.record_published();
     publisher.fail(
         &dedupe(3, 2),
@@ -261,14 +149,14 @@ async fn a_permanently_failing_message_blocks_only_its_key_until_discarded_or_re
             times: None,
         },
     );
-    let d = dispatch(&db.pool, publisher, 100);
+    let d = test_dispatcher::build(&db.pool, publisher, test_dispatcher::config()).await;
     drain(&d).await;
 
     let expected_left: Vec<String> = (3..per_key)
         .map(|s| dedupe(3, s))
         .chain((5..per_key).map(|s| dedupe(5, s)))
         .collect();
-    let mut left = keys_left(&db.pool).await;
+    let mut left = outbox_dedupe_keys(&db.pool).await;
     left.sort();
     assert_eq!(
         left, expected_left,
@@ -298,18 +186,18 @@ async fn a_permanently_failing_message_blocks_only_its_key_until_discarded_or_re
     dead_letter::discard(&mut conn, &[id_of(&dedupe(3, 2))])
         .await
         .expect("discard");
-    d.publisher.heal(&dedupe(5, 4));
+    d.publisher().heal(&dedupe(5, 4));
     dead_letter::replay(&mut conn, &[id_of(&dedupe(5, 4))])
         .await
         .expect("replay");
     drop(conn);
     drain(&d).await;
     assert!(
-        keys_left(&db.pool).await.is_empty(),
+        outbox_dedupe_keys(&db.pool).await.is_empty(),
         "both keys drained after the operator acted"
     );
 
-    let published = d.publisher.published();
+    let published = d.publisher().published();
     for key in 0..keys {
         let seqs: Vec<usize> = published
             .iter()

@@ -22,7 +22,7 @@ use outbox_producer::{
     Error, JobReport, LoadOptions, OnOverlap, Settings, StreamOutcome, StreamsConfig, run_job,
     run_stream, select_streams,
 };
-use outbox_shared::shutdown::Shutdown;
+use outbox_runtime::shutdown::Shutdown;
 use outbox_shared::store::{run_ledger, watermark};
 use serde_json::{Value, json};
 

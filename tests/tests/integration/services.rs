@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use harness::env;
-use harness::process::free_port;
+use harness::process::unused_low_port;
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/services")
@@ -39,9 +39,9 @@ fn services(state: &Path, cmd: &str, envs: &[(&str, String)]) -> Output {
         .arg(cmd)
         .env("OUTBOX_SERVICES_DIR", state)
         .env("DATABASE_URL", env::database_url())
-        .env("PUBSUB_EMULATOR_PORT", free_port().to_string())
-        .env("BIGQUERY_EMULATOR_PORT", free_port().to_string())
-        .env("BIGQUERY_EMULATOR_GRPC_PORT", free_port().to_string())
+        .env("PUBSUB_EMULATOR_PORT", unused_low_port().to_string())
+        .env("BIGQUERY_EMULATOR_PORT", unused_low_port().to_string())
+        .env("BIGQUERY_EMULATOR_GRPC_PORT", unused_low_port().to_string())
         .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
         .output()
         .expect("run scripts/services")
@@ -73,7 +73,7 @@ fn a_busy_port_is_refused_naming_the_port_and_the_variable_to_change() {
 #[test]
 fn an_unreachable_database_url_is_refused_with_the_password_masked() {
     let state = state_dir();
-    let url = format!("postgres://app:s3cret@127.0.0.1:{}/app", free_port());
+    let url = format!("postgres://app:s3cret@127.0.0.1:{}/app", unused_low_port());
     let out = services(&state, "up", &[("DATABASE_URL", url)]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -1,5 +1,6 @@
-//! Fault injection in front of a publisher, for chaos testing a deployment and for the tests:
-//! a random fraction of messages (`--chaos-failure-rate`) or chosen messages (by dedupe key) fail
+//! Fault injection in front of a publisher, for testing a deployment's alerts and recovery and for
+//! the tests: a random fraction of messages (`--inject-failure-rate`) or chosen messages (by
+//! dedupe key) fail
 //! with a chosen gRPC code; everything else goes to the real publisher. Like the official client,
 //! a failed message pauses its ordering key: later messages of that key in the same batch are not
 //! attempted. With no fault configured it is a pass-through.
@@ -12,6 +13,7 @@ use google_cloud_gax::error::rpc::Code;
 use outbox_shared::ClaimedMessage;
 
 use crate::classify::{FailureKind, PublishFailure, classify_code};
+use crate::config::FaultSettings;
 use crate::publisher::{BatchResult, Publish};
 
 /// A targeted fault: fail with `code`, `times` times (None: forever).
@@ -23,16 +25,9 @@ pub struct Fault {
     pub times: Option<u32>,
 }
 
-/// Parses a gRPC code name such as `UNAVAILABLE` (case-insensitive).
-pub fn parse_code(name: &str) -> Option<Code> {
-    (0..=16)
-        .map(Code::from)
-        .find(|c| c.name().eq_ignore_ascii_case(name))
-}
-
 /// Wraps a publisher and injects faults.
 #[derive(Debug)]
-pub struct Chaos<P> {
+pub struct FaultInjector<P> {
     inner: P,
     rate: f64,
     code: Code,
@@ -42,7 +37,7 @@ pub struct Chaos<P> {
     published: Mutex<Vec<String>>,
 }
 
-impl<P: Publish> Chaos<P> {
+impl<P: Publish> FaultInjector<P> {
     /// Fails a `rate` fraction (0..=1) of message publishes with `code`.
     pub fn new(inner: P, rate: f64, code: Code) -> Self {
         Self {
@@ -56,7 +51,19 @@ impl<P: Publish> Chaos<P> {
         }
     }
 
-    /// A pass-through until [`Chaos::fail`] is called.
+    /// Injects what `settings` asks for (nothing, by default).
+    pub fn with_settings(inner: P, settings: &FaultSettings) -> Self {
+        if settings.failure_rate > 0.0 {
+            tracing::warn!(
+                rate = settings.failure_rate,
+                code = settings.failure_code.name(),
+                "Fault injection is on: publishes fail on purpose."
+            );
+        }
+        Self::new(inner, settings.failure_rate, settings.failure_code)
+    }
+
+    /// A pass-through until [`FaultInjector::fail`] is called.
     pub fn passthrough(inner: P) -> Self {
         Self::new(inner, 0.0, Code::Unavailable)
     }
@@ -104,7 +111,7 @@ impl<P: Publish> Chaos<P> {
     }
 }
 
-impl<P: Publish> Publish for Chaos<P> {
+impl<P: Publish> Publish for FaultInjector<P> {
     async fn publish(&self, batch: &[ClaimedMessage]) -> BatchResult {
         let idle = self.rate == 0.0
             && !self.has_targets.load(Ordering::Acquire)
@@ -173,18 +180,5 @@ impl<P: Publish> Publish for Chaos<P> {
 
     fn resume(&self, topic: &str, ordering_key: &str) {
         self.inner.resume(topic, ordering_key);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_code;
-    use google_cloud_gax::error::rpc::Code;
-
-    #[test]
-    fn code_names_parse_case_insensitively() {
-        assert_eq!(parse_code("UNAVAILABLE"), Some(Code::Unavailable));
-        assert_eq!(parse_code("not_found"), Some(Code::NotFound));
-        assert_eq!(parse_code("bogus"), None);
     }
 }

@@ -1,10 +1,14 @@
-//! The operator endpoints: `/healthz` (the process is alive), `/readyz` (its dependencies answer)
-//! and `/metrics` (Prometheus text format).
+//! The operator endpoints: `/healthz` (the process is alive: its liveness check passes), `/readyz`
+//! (its dependencies answer) and `/metrics` (Prometheus text format).
+//!
+//! `/readyz` always answers within [`READINESS_DEADLINE`]: a check that takes longer (a database
+//! that does not answer) reports not ready instead of leaving the probe hanging.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
@@ -20,10 +24,25 @@ use crate::shutdown::Shutdown;
 pub type ReadinessCheck =
     Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
 
+/// A liveness check: `Ok` while the process makes progress, `Err(reason)` when it is wedged.
+pub type LivenessCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// The longest `/readyz` takes to answer.
+pub const READINESS_DEADLINE: Duration = Duration::from_millis(900);
+
+/// What the endpoints report.
+#[derive(Clone)]
+pub struct Checks {
+    /// Behind `/healthz`.
+    pub live: LivenessCheck,
+    /// Behind `/readyz`.
+    pub ready: ReadinessCheck,
+}
+
 #[derive(Clone)]
 struct AppState {
     registry: Arc<Registry>,
-    ready: ReadinessCheck,
+    checks: Checks,
 }
 
 /// Binds the listen address (port 0 picks a free port; the bound address is returned).
@@ -37,21 +56,38 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<(TcpListener, SocketAddr)
 pub async fn serve(
     listener: TcpListener,
     registry: Arc<Registry>,
-    ready: ReadinessCheck,
+    checks: Checks,
     mut shutdown: Shutdown,
 ) -> std::io::Result<()> {
     let app = Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .with_state(AppState { registry, ready });
+        .with_state(AppState { registry, checks });
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.requested().await })
         .await
 }
 
+async fn healthz(State(state): State<AppState>) -> Response {
+    match (state.checks.live)() {
+        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
+        Err(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not alive: {reason}\n"),
+        )
+            .into_response(),
+    }
+}
+
 async fn readyz(State(state): State<AppState>) -> Response {
-    match (state.ready)().await {
+    let answer = tokio::time::timeout(READINESS_DEADLINE, (state.checks.ready)()).await;
+    let result = answer.unwrap_or_else(|_| {
+        Err(format!(
+            "the readiness check did not answer within {READINESS_DEADLINE:?}"
+        ))
+    });
+    match result {
         Ok(()) => (StatusCode::OK, "ready\n").into_response(),
         Err(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -1,6 +1,7 @@
 //! Shutdown as a value passed into the library: a [`Shutdown`] resolves when the process should
-//! stop taking new work. [`on_signals`] wires it to SIGTERM/SIGINT; a second signal exits at once
-//! (work in flight is abandoned, never lost: the database rolls back and the rows are reclaimed).
+//! stop taking new work. [`on_signals`] wires it to SIGTERM/SIGINT, and a second signal fires
+//! [`Signals::abort`]: `main` decides what that means (the binaries exit at once; work in flight
+//! is abandoned, never lost: the database rolls back and the rows are reclaimed).
 
 use tokio::sync::watch;
 
@@ -45,20 +46,30 @@ pub fn channel() -> (Trigger, Shutdown) {
     (Trigger(tx), Shutdown(rx))
 }
 
-/// A [`Shutdown`] fired by the first SIGTERM or SIGINT; the second one exits the process (130).
-pub fn on_signals() -> Shutdown {
-    let (trigger, shutdown) = channel();
+/// The two stages of a signal-driven stop.
+#[derive(Debug, Clone)]
+pub struct Signals {
+    /// Fires on the first SIGTERM or SIGINT: stop taking work, finish what is in flight.
+    pub shutdown: Shutdown,
+    /// Fires on the second: stop now.
+    pub abort: Shutdown,
+}
+
+/// Listens for SIGTERM/SIGINT: the first fires [`Signals::shutdown`], the second
+/// [`Signals::abort`].
+pub fn on_signals() -> Signals {
+    let (first, shutdown) = channel();
+    let (second, abort) = channel();
     tokio::spawn(async move {
         wait_for_signal().await;
         tracing::info!(
-            "shutdown requested: finishing work in flight (send the signal again to exit at once)"
+            "Shutdown requested: finishing the work in flight (send the signal again to stop at once)."
         );
-        trigger.fire();
+        first.fire();
         wait_for_signal().await;
-        tracing::warn!("second signal: exiting now; rows in flight will be claimed again");
-        std::process::exit(130);
+        second.fire();
     });
-    shutdown
+    Signals { shutdown, abort }
 }
 
 async fn wait_for_signal() {

@@ -1,0 +1,237 @@
+//! The dispatcher's configuration as plain, validated values: what [`crate::Dispatcher::build`]
+//! takes. The command line ([`crate::cli`]) is one way to make it (`TryFrom<&Cli>`); tests and
+//! benchmarks start from [`Default`] and change what they need.
+//!
+//! The defaults here are the documented ones; a unit test in `cli` checks that the flags' defaults
+//! produce exactly [`DispatcherConfig::default`].
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use google_cloud_gax::error::rpc::Code;
+use outbox_shared::{DEFAULT_DEDUPE_ATTRIBUTE, DEFAULT_NOTIFY_CHANNEL, RetrySchedule};
+
+/// Everything a dispatcher process needs besides its database pool and its publisher.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DispatcherConfig {
+    /// What each batch does.
+    pub batch: BatchSettings,
+    /// How to reach Pub/Sub.
+    pub pubsub: PubsubConfig,
+    /// Concurrent workers (each holds one database connection while its batch is in flight).
+    pub workers: usize,
+    /// Payload bytes in flight across all workers.
+    pub max_inflight_bytes: u64,
+    /// A claim transaction idle this long is ended by the server (its rows become claimable).
+    pub lock_timeout: Duration,
+    /// How idle workers wait.
+    pub idle: Idle,
+    /// The LISTEN channel, or None to poll only.
+    pub notify_channel: Option<String>,
+    /// Keep published rows this long (zero: delete them at once).
+    pub retention: Duration,
+    /// How often retained rows are purged.
+    pub purge_interval: Duration,
+    /// Address of `/healthz`, `/readyz` and `/metrics` (port 0: any free port).
+    pub listen_addr: SocketAddr,
+    /// On shutdown, how long in-flight batches may take.
+    pub grace_period: Duration,
+    /// `/healthz` fails when a worker loop made no progress for this long.
+    pub liveness_timeout: Duration,
+    /// Probing while Pub/Sub is unreachable.
+    pub breaker: BreakerSettings,
+    /// Deliberate publish failures (fault injection; off by default).
+    pub faults: FaultSettings,
+    /// Apply pending migrations at start.
+    pub migrate: bool,
+}
+
+impl Default for DispatcherConfig {
+    fn default() -> Self {
+        Self {
+            batch: BatchSettings::default(),
+            pubsub: PubsubConfig::default(),
+            workers: 4,
+            max_inflight_bytes: 64 * 1024 * 1024,
+            lock_timeout: Duration::from_secs(60),
+            idle: Idle::default(),
+            notify_channel: Some(DEFAULT_NOTIFY_CHANNEL.to_owned()),
+            retention: Duration::ZERO,
+            purge_interval: Duration::from_secs(30),
+            listen_addr: SocketAddr::from(([0, 0, 0, 0], 9090)),
+            grace_period: Duration::from_secs(25),
+            liveness_timeout: Duration::from_secs(90),
+            breaker: BreakerSettings::default(),
+            faults: FaultSettings::default(),
+            migrate: false,
+        }
+    }
+}
+
+impl DispatcherConfig {
+    /// Checks the rules that tie settings together (single values are range-checked where they
+    /// are parsed). The message names the flags.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.lock_timeout <= self.pubsub.publish_timeout {
+            return Err(format!(
+                "--lock-timeout ({:?}) must exceed --publish-timeout ({:?}), or claims would expire \
+                 while their publish is still running",
+                self.lock_timeout, self.pubsub.publish_timeout
+            ));
+        }
+        if self.liveness_timeout <= self.lock_timeout
+            || self.liveness_timeout < self.idle.max_poll_interval * 3
+        {
+            return Err(format!(
+                "--liveness-timeout ({:?}) must exceed --lock-timeout ({:?}) and be at least 3 x \
+                 --max-poll-interval ({:?}), or healthy workers would be reported stuck",
+                self.liveness_timeout, self.lock_timeout, self.idle.max_poll_interval
+            ));
+        }
+        if !(1..=1000).contains(&self.batch.batch_size) || self.workers == 0 {
+            return Err(format!(
+                "--batch-size must be 1..=1000 (got {}) and --workers at least 1 (got {})",
+                self.batch.batch_size, self.workers
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What one batch does.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchSettings {
+    /// Rows per claim (1..=1,000).
+    pub batch_size: i64,
+    /// Only these full topic names (None: all).
+    pub topics: Option<Vec<String>>,
+    /// Keep published rows (marked) instead of deleting them.
+    pub retain_published: bool,
+    /// The dedupe attribute name (counted against the attribute limits).
+    pub dedupe_attribute: String,
+    /// The retry schedule.
+    pub schedule: RetrySchedule,
+    /// Ordering keys visited per ordered claim.
+    pub key_scan_limit: i64,
+    /// Topics whose ordering keys skip dead-lettered messages instead of blocking behind them.
+    pub skip_dead_letter_topics: Vec<String>,
+}
+
+impl Default for BatchSettings {
+    fn default() -> Self {
+        Self {
+            batch_size: 500,
+            topics: None,
+            retain_published: false,
+            dedupe_attribute: DEFAULT_DEDUPE_ATTRIBUTE.to_owned(),
+            schedule: RetrySchedule::default(),
+            key_scan_limit: 2000,
+            skip_dead_letter_topics: Vec::new(),
+        }
+    }
+}
+
+/// How to reach Pub/Sub and how to publish.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PubsubConfig {
+    /// The emulator's `host:port`: plain HTTP and anonymous credentials.
+    pub emulator_host: Option<String>,
+    /// An endpoint override (e.g. a regional endpoint).
+    pub endpoint: Option<String>,
+    /// Project for short topic names.
+    pub project: String,
+    /// Upper bound on one batch publish, client retries included.
+    pub publish_timeout: Duration,
+    /// The attribute carrying the dedupe key.
+    pub dedupe_attribute: String,
+    /// How long the client may wait to fill a request.
+    pub publish_delay: Duration,
+}
+
+impl Default for PubsubConfig {
+    fn default() -> Self {
+        Self {
+            emulator_host: None,
+            endpoint: None,
+            project: String::new(),
+            publish_timeout: Duration::from_secs(20),
+            dedupe_attribute: DEFAULT_DEDUPE_ATTRIBUTE.to_owned(),
+            publish_delay: Duration::from_millis(5),
+        }
+    }
+}
+
+impl PubsubConfig {
+    /// The local emulator at `host` (`host:port`), short topic names in `project`.
+    pub fn emulator(host: impl Into<String>, project: impl Into<String>) -> Self {
+        Self {
+            emulator_host: Some(host.into()),
+            project: project.into(),
+            ..Self::default()
+        }
+    }
+
+    /// The endpoint to use, if not the default.
+    pub fn endpoint(&self) -> Option<String> {
+        match (&self.emulator_host, &self.endpoint) {
+            (_, Some(endpoint)) => Some(endpoint.clone()),
+            (Some(host), None) if host.starts_with("http") => Some(host.clone()),
+            (Some(host), None) => Some(format!("http://{host}")),
+            (None, None) => None,
+        }
+    }
+}
+
+/// How an idle worker waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Idle {
+    /// First poll interval after work ran out.
+    pub poll_interval: Duration,
+    /// Longest poll interval when idle.
+    pub max_poll_interval: Duration,
+}
+
+impl Default for Idle {
+    fn default() -> Self {
+        Self {
+            poll_interval: Duration::from_millis(250),
+            max_poll_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The circuit breaker's probe cadence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BreakerSettings {
+    /// First pause after an outage is confirmed.
+    pub cooldown: Duration,
+    /// Longest pause between probes.
+    pub max_cooldown: Duration,
+}
+
+impl Default for BreakerSettings {
+    fn default() -> Self {
+        Self {
+            cooldown: Duration::from_secs(1),
+            max_cooldown: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Deliberate publish failures, for testing a deployment's alerting and recovery.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FaultSettings {
+    /// Fraction (0..=1) of message publishes that fail.
+    pub failure_rate: f64,
+    /// The gRPC code they fail with.
+    pub failure_code: Code,
+}
+
+impl Default for FaultSettings {
+    fn default() -> Self {
+        Self {
+            failure_rate: 0.0,
+            failure_code: Code::Unavailable,
+        }
+    }
+}

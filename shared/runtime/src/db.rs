@@ -1,0 +1,157 @@
+//! Connecting to PostgreSQL for the binaries: the clap argument group, a pool with session
+//! settings, and bounded retries.
+//!
+//! Connecting retries with backoff for a bounded time (`backon`: an in-process retry horizon), then
+//! fails with an error that names the (password-masked) URL and what to check.
+
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use backon::{ExponentialBuilder, Retryable};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+
+/// Why a pool could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// Could not reach PostgreSQL within the retry budget.
+    #[error(
+        "cannot connect to PostgreSQL at {url} after {waited:?}: {source}. \
+         Check DATABASE_URL and that the server is running and reachable"
+    )]
+    Unreachable {
+        /// The URL with any password masked.
+        url: String,
+        /// How long we kept trying.
+        waited: Duration,
+        /// The last error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The DATABASE_URL could not be parsed.
+    #[error(
+        "invalid DATABASE_URL {url}: {source}. Expected postgres://user[:password]@host[:port]/database"
+    )]
+    BadUrl {
+        /// The URL with any password masked.
+        url: String,
+        /// Why it failed to parse.
+        #[source]
+        source: sqlx::Error,
+    },
+}
+
+/// Database settings shared by both binaries.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DatabaseArgs {
+    /// PostgreSQL URL, e.g. postgres://user:password@host:5432/db (Cloud SQL: via the Auth Proxy
+    /// or a private IP).
+    #[arg(long = "database-url", env = "DATABASE_URL", hide_env_values = true)]
+    pub url: String,
+    /// Maximum connections in the pool.
+    #[arg(
+        long = "db-pool-size",
+        env = "OUTBOX_DB_POOL_SIZE",
+        default_value_t = 10
+    )]
+    pub pool_size: u32,
+    /// How long to keep retrying the first connection before giving up.
+    #[arg(long = "db-connect-timeout", env = "OUTBOX_DB_CONNECT_TIMEOUT", default_value = "30s",
+          value_parser = humantime::parse_duration)]
+    pub connect_timeout: Duration,
+}
+
+impl DatabaseArgs {
+    /// Settings for `url` with the defaults (tests and tools).
+    pub fn for_url(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            pool_size: 10,
+            connect_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Opens a pool, retrying with backoff for up to `args.connect_timeout`.
+pub async fn connect(args: &DatabaseArgs, application_name: &str) -> Result<PgPool, ConnectError> {
+    connect_with_settings(args, application_name, &[]).await
+}
+
+/// Like [`connect`], with session settings (`SET name = value`) sent at connection start-up, so
+/// they cost no round trip per transaction.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql", db.application = application_name), err(level = "debug"))]
+pub async fn connect_with_settings(
+    args: &DatabaseArgs,
+    application_name: &str,
+    settings: &[(&str, String)],
+) -> Result<PgPool, ConnectError> {
+    let masked = mask_url(&args.url);
+    let options = PgConnectOptions::from_str(&args.url)
+        .map_err(|source| ConnectError::BadUrl {
+            url: masked.clone(),
+            source,
+        })?
+        .application_name(application_name)
+        .options(settings.iter().map(|(k, v)| (*k, v.as_str())));
+    let started = Instant::now();
+    let budget = args.connect_timeout;
+    // Each attempt is bounded too (a black-holed address would otherwise hang in connect), and
+    // the whole retry loop by `budget`, so --db-connect-timeout is a real upper bound.
+    let per_attempt = budget.clamp(Duration::from_millis(200), Duration::from_secs(10));
+    let attempt = || {
+        PgPoolOptions::new()
+            .max_connections(args.pool_size.max(1))
+            .acquire_timeout(per_attempt)
+            .connect_with(options.clone())
+    };
+    let retrying = attempt
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(200))
+                .with_max_delay(Duration::from_secs(5))
+                .with_total_delay(Some(budget))
+                .without_max_times(),
+        )
+        .when(|e| !matches!(e, sqlx::Error::Configuration(_)))
+        .notify(|e, wait| {
+            tracing::warn!(error = %e, retry_in = ?wait, url = %masked, "PostgreSQL is not reachable yet; retrying.");
+        });
+    let result = match tokio::time::timeout(budget + per_attempt, retrying).await {
+        Ok(result) => result,
+        Err(_) => Err(sqlx::Error::PoolTimedOut),
+    };
+    result.map_err(|source| ConnectError::Unreachable {
+        url: masked.clone(),
+        waited: started.elapsed(),
+        source,
+    })
+}
+
+/// Returns `url` with the password (if any) replaced by `***`, safe for logs and errors.
+pub fn mask_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let Some((userinfo, host)) = rest.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mask_url;
+
+    #[test]
+    fn masks_only_the_password() {
+        assert_eq!(
+            mask_url("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(mask_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(mask_url("postgres:///db"), "postgres:///db");
+    }
+}

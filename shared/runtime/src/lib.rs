@@ -1,0 +1,13 @@
+//! The service runtime the producer and the dispatcher share, kept out of the outbox contract
+//! (`outbox_shared`) so that an application that only enqueues links none of it.
+//!
+//! Layout:
+//! - [`db`]: the `--database-url` argument group and connecting with bounded retries.
+//! - [`telemetry`]: logging (text for people, JSON for Cloud Logging).
+//! - [`health`]: the `/healthz`, `/readyz` and `/metrics` server.
+//! - [`shutdown`]: shutdown as a value, fired by signals.
+
+pub mod db;
+pub mod health;
+pub mod shutdown;
+pub mod telemetry;

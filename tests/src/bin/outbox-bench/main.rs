@@ -1,0 +1,106 @@
+//! `outbox-bench`: the throughput figures in BENCHMARKS.md.
+//!
+//! - `claim`: drains a filled outbox straight from PostgreSQL (no Pub/Sub) with the dispatcher's
+//!   claim protocol (row locks held until the delete commits) and/or a lease alternative; reports
+//!   rows/s, enqueue rows/s and WAL bytes per row.
+//! - `dispatch`: drains end to end through the dispatcher's unit of work
+//!   (`Dispatcher::run_batch`) against the Pub/Sub emulator, per ordering-key spread.
+//!
+//! Every invocation works in its own database (`outbox_bench_<unique>`, created from DATABASE_URL
+//! and migrated) and, for `dispatch`, its own topic; both are removed at the end, also after an error
+//! or Ctrl-C. The topic has no subscription: the emulator accepts the publishes and keeps nothing.
+//!
+//! Modules: `claim`, `dispatch` (the two benchmarks), `scratch` (the database), `report` (figures).
+
+mod claim;
+mod dispatch;
+mod report;
+mod scratch;
+
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, anyhow};
+use clap::{Parser, Subcommand};
+use outbox_runtime::telemetry::{self, TelemetryArgs};
+use tokio::task::JoinSet;
+
+use crate::report::load_average;
+use crate::scratch::Scratch;
+
+/// Benchmarks of the outbox claim protocols and of the dispatcher against the Pub/Sub emulator.
+#[derive(Debug, Parser)]
+#[command(name = "outbox-bench")]
+struct Cli {
+    /// PostgreSQL URL the scratch database is created from (the role needs CREATEDB).
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        global = true,
+        hide_env_values = true,
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    database_url: String,
+    #[command(flatten)]
+    telemetry: TelemetryArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Drain a filled outbox from PostgreSQL alone with the lock and/or lease claim protocol.
+    Claim(claim::ClaimArgs),
+    /// Drain an outbox end to end through the dispatcher's run_batch into the Pub/Sub emulator.
+    Dispatch(dispatch::DispatchArgs),
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    telemetry::init(&cli.telemetry);
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("outbox-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    let workers = match &cli.command {
+        Command::Claim(a) => a.workers,
+        Command::Dispatch(a) => a.workers,
+    };
+    println!("load average at start: {}", load_average());
+    let db = Scratch::create(&cli.database_url, workers.max(1)).await?;
+    let outcome = match &cli.command {
+        Command::Claim(a) => interruptible(claim::claim_bench(&db, a)).await,
+        Command::Dispatch(a) => dispatch::dispatch_bench(&db, a).await,
+    };
+    db.pool.close().await;
+    // Dropping the scratch database removes it.
+    drop(db);
+    println!("load average at end: {}", load_average());
+    outcome
+}
+
+/// Waits for every worker and adds up what they did. The first failure returns at once, and
+/// dropping the set (also on Ctrl-C) aborts the other workers.
+pub async fn join_sum<T: std::iter::Sum<T> + Send + 'static>(
+    mut workers: JoinSet<Result<T>>,
+) -> Result<T> {
+    let mut done = Vec::with_capacity(workers.len());
+    while let Some(joined) = workers.join_next().await {
+        done.push(joined.context("a worker task panicked")??);
+    }
+    Ok(done.into_iter().sum())
+}
+
+/// Runs `work` unless Ctrl-C comes first, so the caller still removes what it created.
+pub async fn interruptible(work: impl Future<Output = Result<()>>) -> Result<()> {
+    tokio::select! {
+        r = work => r,
+        _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted")),
+    }
+}

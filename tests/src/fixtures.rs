@@ -1,0 +1,90 @@
+//! Test data: messages, enqueueing them, and reading the outbox back.
+
+use outbox_shared::{NewMessage, enqueue_batch};
+use sqlx::PgPool;
+
+/// An unkeyed message whose payload is `payload of <dedupe_key>`, with `attrs`.
+pub fn message(topic: &str, dedupe_key: &str, attrs: &[(&str, &str)]) -> NewMessage {
+    attrs.iter().fold(
+        NewMessage::new(
+            topic,
+            dedupe_key,
+            format!("payload of {dedupe_key}").into_bytes(),
+        ),
+        |m, (k, v)| m.with_attribute(*k, *v),
+    )
+}
+
+/// `keys` ordering keys `key-000`… with `per_key` messages each, interleaved across keys and in
+/// sequence order within a key; dedupe keys are `k<key>-m<seq>` ([`keyed_dedupe`]).
+pub fn keyed_messages(topic: &str, keys: usize, per_key: usize) -> Vec<NewMessage> {
+    (0..per_key)
+        .flat_map(|seq| (0..keys).map(move |key| (key, seq)))
+        .map(|(key, seq)| {
+            NewMessage::new(
+                topic,
+                keyed_dedupe(key, seq),
+                format!("{key}:{seq}").into_bytes(),
+            )
+            .with_ordering_key(format!("key-{key:03}"))
+        })
+        .collect()
+}
+
+/// The dedupe key of message `seq` of key `key` in [`keyed_messages`].
+pub fn keyed_dedupe(key: usize, seq: usize) -> String {
+    format!("k{key:03}-m{seq:02}")
+}
+
+/// Enqueues `messages` in transactions of at most 1,000.
+pub async fn enqueue(pool: &PgPool, messages: &[NewMessage]) {
+    for chunk in messages.chunks(1000) {
+        let mut tx = pool.begin().await.expect("begin");
+        enqueue_batch(&mut tx, chunk).await.expect("enqueue");
+        tx.commit().await.expect("commit");
+    }
+}
+
+/// Enqueues `n` messages `m0`… `m<n-1>` on `topic`.
+pub async fn enqueue_numbered(pool: &PgPool, topic: &str, n: usize) -> Vec<NewMessage> {
+    let msgs: Vec<NewMessage> = (0..n)
+        .map(|i| message(topic, &format!("m{i}"), &[]))
+        .collect();
+    enqueue(pool, &msgs).await;
+    msgs
+}
+
+/// The one number `sql` selects.
+pub async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|e| panic!("count query {sql:?} failed: {e}"))
+}
+
+/// Rows in the outbox (published and retained ones included).
+pub async fn outbox_rows(pool: &PgPool) -> i64 {
+    count(pool, "SELECT count(*) FROM pubsub_outbox").await
+}
+
+/// Rows not yet published.
+pub async fn unpublished_rows(pool: &PgPool) -> i64 {
+    count(
+        pool,
+        "SELECT count(*) FROM pubsub_outbox WHERE published_at IS NULL",
+    )
+    .await
+}
+
+/// Rows in the dead-letter table.
+pub async fn dead_letters(pool: &PgPool) -> i64 {
+    count(pool, "SELECT count(*) FROM pubsub_outbox_dead_letter").await
+}
+
+/// The dedupe keys left in the outbox, in id order.
+pub async fn outbox_dedupe_keys(pool: &PgPool) -> Vec<String> {
+    sqlx::query_scalar("SELECT dedupe_key FROM pubsub_outbox ORDER BY id")
+        .fetch_all(pool)
+        .await
+        .expect("outbox rows")
+}

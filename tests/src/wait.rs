@@ -1,0 +1,50 @@
+//! Waiting for a condition a background process brings about, with a deadline that fails the test
+//! naming what did not happen.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+
+/// Polls `check` every 50 ms until it returns `Ok`, or panics after `limit` naming `what` and the
+/// last state `check` reported as its `Err`.
+pub async fn wait_until<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let started = Instant::now();
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(state) if started.elapsed() >= limit => {
+                panic!("{what}: not done after {limit:?} ({state})")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// Waits until at most `left` rows remain in the outbox.
+pub async fn outbox_at_most(pool: &PgPool, left: i64, limit: Duration, what: &str) {
+    wait_until(what, limit, || async {
+        let n = crate::fixtures::outbox_rows(pool).await;
+        if n <= left {
+            Ok(())
+        } else {
+            Err(format!("{n} rows left"))
+        }
+    })
+    .await;
+}
+
+/// Waits until no unpublished row is left.
+pub async fn drained(pool: &PgPool, limit: Duration) {
+    wait_until("the outbox drains", limit, || async {
+        match crate::fixtures::unpublished_rows(pool).await {
+            0 => Ok(()),
+            n => Err(format!("{n} rows unpublished")),
+        }
+    })
+    .await;
+}
