@@ -3,8 +3,14 @@
 //! and resume when the broker answers.
 //!
 //! The worker trips it when a whole batch failed transiently AND a probe confirms the broker does
-//! not answer; a batch whose failures are message-specific (the probe succeeds) goes through the
-//! normal retry schedule instead.
+//! not answer (or a publish stalled and a probe got no answer either); a batch whose failures are
+//! message-specific (the probe succeeds) goes through the normal retry schedule instead.
+//!
+//! Recovery is prompt and does not flap: the probe interval doubles from `--breaker-cooldown` but
+//! is capped low (`--breaker-max-cooldown`, 1 s by default), so claiming resumes within about a
+//! second of the broker answering, however long the outage was; and a trip reported by a publish
+//! that started before the breaker last closed is ignored (a stale failure never overrides a newer
+//! success).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,6 +36,8 @@ enum State {
 #[derive(Debug)]
 pub struct Breaker {
     state: Mutex<State>,
+    /// When the breaker last closed (tripping is judged against it).
+    closed_at: Mutex<Option<Instant>>,
     probing: AtomicBool,
     min_cooldown: Duration,
     max_cooldown: Duration,
@@ -42,6 +50,7 @@ impl Breaker {
     pub fn new(min_cooldown: Duration, max_cooldown: Duration, open_gauge: Gauge) -> Self {
         Self {
             state: Mutex::new(State::Closed),
+            closed_at: Mutex::new(None),
             probing: AtomicBool::new(false),
             min_cooldown,
             max_cooldown: max_cooldown.max(min_cooldown),
@@ -61,8 +70,30 @@ impl Breaker {
         matches!(*self.lock(), State::Closed)
     }
 
-    /// Opens (or keeps open, doubling the cooldown) after a confirmed outage on `topic`.
-    pub fn trip(&self, topic: &str, reason: &str) {
+    /// Opens (or keeps open, doubling the cooldown) after a confirmed outage on `topic`, seen by
+    /// a publish that started at `since`; ignored if the breaker closed after that (the failure
+    /// is older than the success that closed it).
+    pub fn trip(&self, topic: &str, reason: &str, since: std::time::Instant) {
+        let since = Instant::from_std(since);
+        if let Ok(closed_at) = self.closed_at.lock()
+            && closed_at.is_some_and(|c| c > since)
+        {
+            tracing::debug!(
+                pubsub.topic = topic,
+                error = reason,
+                "A stale outage report was ignored: Pub/Sub answered since."
+            );
+            return;
+        }
+        self.open(topic, reason);
+    }
+
+    /// Opens at start-up, before any publish (the first probe failed).
+    pub fn open_at_start(&self, topic: &str, reason: &str) {
+        self.open(topic, reason);
+    }
+
+    fn open(&self, topic: &str, reason: &str) {
         let mut state = self.lock();
         let cooldown = match &*state {
             State::Closed => {
@@ -84,6 +115,9 @@ impl Breaker {
     }
 
     fn close(&self) {
+        if let Ok(mut closed_at) = self.closed_at.lock() {
+            *closed_at = Some(Instant::now());
+        }
         let mut state = self.lock();
         if matches!(*state, State::Open { .. }) {
             tracing::info!("Pub/Sub answers again: claims resume.");
@@ -122,7 +156,7 @@ impl Breaker {
                 Ok(()) => self.close(),
                 Err(reason) => {
                     tracing::debug!(pubsub.topic = %topic, error = %reason, "The probe failed; Pub/Sub is still unreachable.");
-                    self.trip(&topic, &reason);
+                    self.open(&topic, &reason);
                 }
             }
             self.probing.store(false, Ordering::Release);

@@ -131,11 +131,16 @@ pub struct DispatchArgs {
     #[arg(long, env = "OUTBOX_GRACE_PERIOD", default_value = "25s", value_parser = humantime::parse_duration)]
     pub grace_period: Duration,
     /// First pause when Pub/Sub is unreachable; doubles while it stays down.
-    #[arg(long, env = "OUTBOX_BREAKER_COOLDOWN", default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "OUTBOX_BREAKER_COOLDOWN", default_value = "250ms", value_parser = humantime::parse_duration)]
     pub breaker_cooldown: Duration,
-    /// Longest pause between probes while Pub/Sub is unreachable.
-    #[arg(long, env = "OUTBOX_BREAKER_MAX_COOLDOWN", default_value = "30s", value_parser = humantime::parse_duration)]
+    /// Longest pause between probes while Pub/Sub is unreachable (claiming resumes within about
+    /// this long of Pub/Sub answering again).
+    #[arg(long, env = "OUTBOX_BREAKER_MAX_COOLDOWN", default_value = "1s", value_parser = humantime::parse_duration)]
     pub breaker_max_cooldown: Duration,
+    /// A publish with no answer this long triggers a probe (2 s deadline); if the probe fails too,
+    /// the batch is released as an outage at once instead of waiting out --publish-timeout.
+    #[arg(long, env = "OUTBOX_STALL_PROBE_AFTER", default_value = "3s", value_parser = humantime::parse_duration)]
+    pub stall_probe_after: Duration,
 }
 
 /// How to reach Pub/Sub.
@@ -216,6 +221,7 @@ impl TryFrom<&Cli> for DispatcherConfig {
                 cooldown: a.breaker_cooldown,
                 max_cooldown: a.breaker_max_cooldown,
             },
+            stall_probe_after: a.stall_probe_after,
             faults: FaultSettings {
                 failure_rate: a.inject_failure_rate,
                 failure_code: a.inject_failure_code,

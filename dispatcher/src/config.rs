@@ -40,6 +40,9 @@ pub struct DispatcherConfig {
     pub liveness_timeout: Duration,
     /// Probing while Pub/Sub is unreachable.
     pub breaker: BreakerSettings,
+    /// A publish with no answer this long triggers a probe; if that fails too, the batch is an
+    /// outage at once.
+    pub stall_probe_after: Duration,
     /// Deliberate publish failures (fault injection; off by default).
     pub faults: FaultSettings,
     /// Apply pending migrations at start.
@@ -62,6 +65,7 @@ impl Default for DispatcherConfig {
             grace_period: Duration::from_secs(25),
             liveness_timeout: Duration::from_secs(90),
             breaker: BreakerSettings::default(),
+            stall_probe_after: Duration::from_secs(3),
             faults: FaultSettings::default(),
             migrate: false,
         }
@@ -212,8 +216,8 @@ pub struct BreakerSettings {
 impl Default for BreakerSettings {
     fn default() -> Self {
         Self {
-            cooldown: Duration::from_secs(1),
-            max_cooldown: Duration::from_secs(30),
+            cooldown: Duration::from_millis(250),
+            max_cooldown: Duration::from_secs(1),
         }
     }
 }

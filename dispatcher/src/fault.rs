@@ -174,6 +174,25 @@ impl<P: Publish> Publish for FaultInjector<P> {
             .collect()
     }
 
+    async fn publish_alone(&self, message: &ClaimedMessage) -> Result<String, PublishFailure> {
+        match self.fault_for(&message.dedupe_key) {
+            Some(code) => Err(PublishFailure {
+                kind: classify_code(code),
+                message: format!("{}: injected fault", code.name()),
+            }),
+            None => {
+                let result = self.inner.publish_alone(message).await;
+                if result.is_ok()
+                    && self.record.load(Ordering::Acquire)
+                    && let Ok(mut p) = self.published.lock()
+                {
+                    p.push(message.dedupe_key.clone());
+                }
+                result
+            }
+        }
+    }
+
     async fn probe(&self, topic: &str) -> Result<(), String> {
         self.inner.probe(topic).await
     }

@@ -5,8 +5,9 @@
 //!   command line and environment that make one.
 //! - [`service`]: the dispatcher as a value ([`Dispatcher`]: build, run one batch, run until
 //!   stopped); `tasks`: its background tasks (LISTEN, gauges, purge, endpoints).
-//! - `worker`: one unit of work (claim, publish, settle in one transaction) and the worker loop;
-//!   `liveness`: the worker heartbeats behind `/healthz`.
+//! - `batch`: one unit of work (claim, check, publish, isolate, decide, settle in one
+//!   transaction); `decide`: its decisions as pure functions; `worker`: the state the workers
+//!   share and the worker loop; `liveness`: the worker heartbeats behind `/healthz`.
 //! - [`publisher`]: the [`publisher::Publish`] seam and the official Pub/Sub client behind it.
 //! - [`classify`]: publish failures as transient / permanent / not attempted.
 //! - [`breaker`]: pauses claiming while Pub/Sub is unreachable.
@@ -15,10 +16,12 @@
 //!
 //! All SQL lives in `outbox_shared::store`.
 
+mod batch;
 pub mod breaker;
 pub mod classify;
 pub mod cli;
 pub mod config;
+mod decide;
 pub mod error;
 pub mod fault;
 mod liveness;
@@ -28,8 +31,8 @@ pub mod service;
 mod tasks;
 mod worker;
 
+pub use batch::{BatchOutcome, Settled};
 pub use cli::{Cli, Command};
 pub use config::DispatcherConfig;
 pub use error::DispatcherError;
 pub use service::{Dispatcher, connect_database};
-pub use worker::{BatchOutcome, Settled};

@@ -25,6 +25,10 @@ pub struct Metrics {
     pub dead_lettered: Family<KindLabel, Counter>,
     /// Batches released untouched because Pub/Sub was unreachable.
     pub outage_batches: Counter,
+    /// Batches whose permanent publish failures were isolated (each message published alone).
+    pub isolations: Counter,
+    /// Messages published alone to isolate a permanent failure.
+    pub isolation_publishes: Counter,
     /// Messages per claimed batch.
     pub batch_size: Histogram,
     /// Seconds one batch publish took.
@@ -50,6 +54,8 @@ impl Metrics {
             retried: Counter::default(),
             dead_lettered: Family::default(),
             outage_batches: Counter::default(),
+            isolations: Counter::default(),
+            isolation_publishes: Counter::default(),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
             publish_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             lag_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 20)),
@@ -83,6 +89,16 @@ impl Metrics {
             "outage_batches",
             "Batches released untouched because Pub/Sub was unreachable",
             m.outage_batches.clone(),
+        );
+        r.register(
+            "isolations",
+            "Batches whose permanent publish failures were isolated by publishing each message alone",
+            m.isolations.clone(),
+        );
+        r.register(
+            "isolation_publishes",
+            "Messages published alone to tell a bad message from the request it shared",
+            m.isolation_publishes.clone(),
         );
         r.register(
             "batch_size",

@@ -31,6 +31,12 @@ pub type BatchResult = Vec<Result<String, PublishFailure>>;
 pub trait Publish: Send + Sync + 'static {
     /// Publishes `batch`; returns one result per message, in order.
     fn publish(&self, batch: &[ClaimedMessage]) -> impl Future<Output = BatchResult> + Send;
+    /// Publishes `message` in a request of its own (nothing else, of this worker or another, in
+    /// it), to learn whether Pub/Sub refuses this message or only the request it shared.
+    fn publish_alone(
+        &self,
+        message: &ClaimedMessage,
+    ) -> impl Future<Output = Result<String, PublishFailure>> + Send;
     /// Whether the broker answers at all (used to tell an outage from a bad message).
     fn probe(&self, topic: &str) -> impl Future<Output = Result<(), String>> + Send;
     /// Lets the client publish again on an ordering key it paused after a failure.
@@ -43,6 +49,9 @@ pub trait Publish: Send + Sync + 'static {
 /// cost ~15 KB per key. Unkeyed messages therefore get a publisher of their own, and the keyed
 /// one is replaced (the old one ends when its last in-flight publish does).
 const KEYED_PUBLISHER_MAX_KEYS: usize = 1_000;
+
+/// How long a probe (`GetTopic`) may take before the broker counts as unreachable.
+const PROBE_DEADLINE: Duration = Duration::from_secs(2);
 
 /// The publishers of one topic.
 #[derive(Debug)]
@@ -61,6 +70,8 @@ pub struct PubsubPublisher {
     timeout: Duration,
     delay: Duration,
     dedupe_attribute: String,
+    /// Where it publishes, for error messages.
+    endpoint: String,
 }
 
 impl PubsubPublisher {
@@ -85,7 +96,8 @@ impl PubsubPublisher {
         }
         let what = endpoint
             .clone()
-            .unwrap_or_else(|| "the default Pub/Sub endpoint".to_owned());
+            .unwrap_or_else(|| "pubsub.googleapis.com (the default endpoint)".to_owned());
+        let endpoint_name = what.clone();
         let base = base
             .build()
             .await
@@ -107,6 +119,7 @@ impl PubsubPublisher {
             timeout: args.publish_timeout,
             delay: args.publish_delay,
             dedupe_attribute: args.dedupe_attribute.clone(),
+            endpoint: endpoint_name,
         })
     }
 
@@ -220,22 +233,44 @@ impl Publish for PubsubPublisher {
                 .collect(),
             Err(_) => {
                 let failure = PublishFailure::transient(format!(
-                    "publish did not complete within {:?} (Pub/Sub slow or unreachable)",
-                    self.timeout
+                    "publish did not complete within {:?} (Pub/Sub slow or unreachable at {})",
+                    self.timeout, self.endpoint
                 ));
                 vec![Err(failure); batch.len()]
             }
         }
     }
 
+    async fn publish_alone(&self, message: &ClaimedMessage) -> Result<String, PublishFailure> {
+        // A publisher of its own that sends every message in its own request; dropped after, so
+        // it leaves no paused key and no per-key state behind.
+        let publisher = self
+            .base
+            .publisher(message.topic.clone())
+            .set_message_count_threshold(1)
+            .set_delay_threshold(Duration::ZERO)
+            .build();
+        let sent = publisher.publish(self.to_message(message));
+        match tokio::time::timeout(self.timeout, sent).await {
+            Ok(result) => result.map_err(|e| classify(&e)),
+            Err(_) => Err(PublishFailure::transient(format!(
+                "publish did not complete within {:?} (Pub/Sub slow or unreachable at {})",
+                self.timeout, self.endpoint
+            ))),
+        }
+    }
+
     async fn probe(&self, topic: &str) -> Result<(), String> {
         let call = self.admin.get_topic().set_topic(topic).send();
-        match tokio::time::timeout(Duration::from_secs(5), call).await {
+        match tokio::time::timeout(PROBE_DEADLINE, call).await {
             Ok(Ok(_)) => Ok(()),
             // The broker answered; the topic (or our access to it) is the problem, not an outage.
             Ok(Err(e)) if e.status().is_some() || e.http_status_code().is_some() => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("no answer within 5s".to_owned()),
+            Ok(Err(e)) => Err(format!("Pub/Sub at {} does not answer: {e}", self.endpoint)),
+            Err(_) => Err(format!(
+                "Pub/Sub at {} gave no answer within {PROBE_DEADLINE:?}",
+                self.endpoint
+            )),
         }
     }
 

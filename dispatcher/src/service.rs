@@ -19,12 +19,13 @@ use outbox_runtime::db::DatabaseArgs;
 use outbox_runtime::health::{self, Checks};
 use outbox_runtime::shutdown::Shutdown;
 
+use crate::batch::{self, BatchOutcome};
 use crate::config::DispatcherConfig;
 use crate::error::DispatcherError;
 use crate::metrics::Metrics;
 use crate::publisher::Publish;
 use crate::tasks;
-use crate::worker::{self, BatchOutcome, Dispatch};
+use crate::worker::{self, Dispatch};
 
 /// A dispatcher ready to run.
 #[derive(Debug)]
@@ -106,7 +107,7 @@ impl<P: Publish> Dispatcher<P> {
 
     /// Claims, publishes and settles one batch of rows due at `now`.
     pub async fn run_batch(&self, now: DateTime<Utc>) -> Result<BatchOutcome, DispatcherError> {
-        worker::run_batch(&self.dispatch, now).await
+        batch::run_batch(&self.dispatch, now).await
     }
 
     /// The metrics in the Prometheus text format, as `/metrics` serves them.
@@ -161,6 +162,18 @@ impl<P: Publish> Dispatcher<P> {
                 config.purge_interval,
                 shutdown.clone(),
             ));
+        }
+        // A replica started during an outage must not report ready: probe before the first claim.
+        let probe_topic = config
+            .batch
+            .topics
+            .as_ref()
+            .and_then(|t| t.first().cloned())
+            .unwrap_or_else(|| {
+                outbox_shared::full_topic_name(&config.pubsub.project, "outbox-probe")
+            });
+        if let Err(e) = dispatch.publisher.probe(&probe_topic).await {
+            dispatch.breaker.open_at_start(&probe_topic, &e);
         }
         let mut workers = JoinSet::new();
         for n in 0..config.workers {

@@ -133,6 +133,11 @@ impl Running {
         self.addr.to_string()
     }
 
+    /// Ends it at once, as a killed process would end (nothing is settled).
+    pub fn abort(self) {
+        self.task.abort();
+    }
+
     /// Asks it to stop and asserts it stops cleanly.
     pub async fn stop(self) {
         self.trigger.fire();

@@ -1,5 +1,6 @@
 //! A TCP proxy between a client and a real service, for failures the service cannot produce on
-//! demand: going down (refusing and cutting connections) and added latency.
+//! demand: going down (refusing and cutting connections), stalling (connections stay open and
+//! accepted, but nothing moves and nothing errors: packets silently dropped), and added latency.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,6 +14,7 @@ use tokio::task::AbortHandle;
 #[derive(Debug, Default)]
 struct State {
     down: AtomicBool,
+    stalled: AtomicBool,
     delay_ms: AtomicU64,
     connections: Mutex<Vec<AbortHandle>>,
 }
@@ -44,6 +46,7 @@ impl TcpProxy {
                 let st2 = st.clone();
                 let upstream = upstream.clone();
                 let handle = tokio::spawn(async move {
+                    wait_while_stalled(&st2).await;
                     let Ok(server) = TcpStream::connect(&upstream).await else {
                         return;
                     };
@@ -84,6 +87,13 @@ impl TcpProxy {
         }
     }
 
+    /// Stalled: nothing is forwarded in either direction and new connections are accepted but
+    /// not served, with no error (a black hole). Unstalled: what was held moves on, as after a
+    /// healed network partition.
+    pub fn set_stalled(&self, stalled: bool) {
+        self.state.stalled.store(stalled, Ordering::SeqCst);
+    }
+
     /// Delays every chunk forwarded (both directions) by `delay`.
     pub fn set_delay(&self, delay: Duration) {
         self.state.delay_ms.store(
@@ -107,6 +117,7 @@ async fn pipe(
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
+        wait_while_stalled(&state).await;
         let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
@@ -115,9 +126,16 @@ async fn pipe(
         if delay > 0 {
             tokio::time::sleep(Duration::from_millis(delay)).await;
         }
+        wait_while_stalled(&state).await;
         if to.write_all(&buf[..n]).await.is_err() {
             break;
         }
     }
     let _ = to.shutdown().await;
+}
+
+async fn wait_while_stalled(state: &State) {
+    while state.stalled.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }

@@ -3,7 +3,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use google_cloud_pubsub::client::{Subscriber, SubscriptionAdmin, TopicAdmin};
+use google_cloud_pubsub::client::{SchemaService, Subscriber, SubscriptionAdmin, TopicAdmin};
+use google_cloud_pubsub::model::{Encoding, Schema, SchemaSettings, schema};
 
 use crate::env;
 use crate::ledger::Arrival;
@@ -81,13 +82,49 @@ pub struct TestTopic {
     pub subscription: String,
 }
 
+/// An Avro schema every message of a [`TestTopic::with_schema`] topic must match (JSON encoding):
+/// `{"amount": <int>}`.
+pub const INVOICE_SCHEMA: &str =
+    r#"{"type": "record", "name": "Invoice", "fields": [{"name": "amount", "type": "int"}]}"#;
+
 impl TestTopic {
     /// Creates a topic and a subscription (message ordering enabled when `ordered`).
     pub async fn new(ordered: bool) -> Self {
+        Self::create(ordered, None).await
+    }
+
+    /// Like [`Self::new`], on a topic that validates every message against [`INVOICE_SCHEMA`]
+    /// (Pub/Sub refuses a whole publish request when one of its messages does not match).
+    pub async fn with_schema(ordered: bool) -> Self {
+        let project = env::pubsub_project();
+        let schema = format!("projects/{project}/schemas/{}", env::unique_name("invoice"));
+        let client = SchemaService::builder()
+            .with_endpoint(endpoint())
+            .with_credentials(anonymous())
+            .build()
+            .await
+            .expect("schema client builds");
+        let id = schema.rsplit('/').next().unwrap_or_default().to_owned();
+        client
+            .create_schema()
+            .set_parent(format!("projects/{project}"))
+            .set_schema_id(id)
+            .set_schema(
+                Schema::new()
+                    .set_type(schema::Type::Avro)
+                    .set_definition(INVOICE_SCHEMA),
+            )
+            .send()
+            .await
+            .expect("the emulator creates the schema");
+        Self::create(ordered, Some(schema)).await
+    }
+
+    async fn create(ordered: bool, schema: Option<String>) -> Self {
         let project = env::pubsub_project();
         let topic = format!("projects/{project}/topics/{}", env::unique_name("t"));
         let subscription = format!("projects/{project}/subscriptions/{}", env::unique_name("s"));
-        create_topic(&topic).await;
+        create_topic_with(&topic, schema).await;
         let subs = SubscriptionAdmin::builder()
             .with_endpoint(endpoint())
             .with_credentials(anonymous())
@@ -156,15 +193,25 @@ impl Drop for TestTopic {
 
 /// Creates a topic (full name) on the emulator.
 pub async fn create_topic(topic: &str) {
+    create_topic_with(topic, None).await;
+}
+
+async fn create_topic_with(topic: &str, schema: Option<String>) {
     let topics = TopicAdmin::builder()
         .with_endpoint(endpoint())
         .with_credentials(anonymous())
         .build()
         .await
         .expect("topic admin client builds");
+    let settings = schema.map(|s| {
+        SchemaSettings::new()
+            .set_schema(s)
+            .set_encoding(Encoding::Json)
+    });
     topics
         .create_topic()
         .set_name(topic)
+        .set_or_clear_schema_settings(settings)
         .send()
         .await
         .expect("the emulator creates the topic (run `scripts/services up`)");

@@ -34,8 +34,11 @@ pub struct TelemetryArgs {
 /// can call it freely.
 pub fn init(args: &TelemetryArgs) {
     let filter = EnvFilter::try_new(&args.log_filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colour only for a person at a terminal: a file, a pipe or a log collector gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let _ = match args.log_format {
         LogFormat::Text => builder.try_init(),

@@ -10,4 +10,5 @@ pub mod dead_letter;
 pub mod notify;
 pub mod outbox;
 pub mod run_ledger;
+pub mod settle;
 pub mod watermark;

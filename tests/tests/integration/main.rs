@@ -5,5 +5,7 @@ mod dispatcher;
 mod dispatcher_options;
 mod foundation;
 mod ordering;
+mod poison;
 mod producer;
+mod recovery;
 mod services;

@@ -1,0 +1,451 @@
+//! One unit of work, [`run_batch`], as a straight line of small steps:
+//! claim → local checks → publish → isolate → decide → settle → commit → resume keys.
+//!
+//! A batch is one PostgreSQL transaction: the claim locks the rows (`FOR UPDATE SKIP LOCKED`) and
+//! the settlement writes every row's new state before the commit. A crash anywhere before the
+//! commit rolls everything back (the rows are claimed again; published ones are re-sent:
+//! at-least-once). Deciding is pure (`crate::decide`); this module only does the I/O around it.
+//!
+//! **Isolation.** A publish request is atomic: when Pub/Sub refuses one message of a request
+//! (a schema violation, say), every message of that request comes back with the same permanent
+//! error, and the client may have packed other workers' messages into it too. So a permanent
+//! failure is never believed at once: each message that got one is published once more in a
+//! request of its own (keys in order, a key stopping at its first failure), and only the ones
+//! refused on their own are dead-lettered. Transient failures and outages are never isolated.
+//!
+//! **Stalls.** A publish that has had no answer for `--stall-probe-after` triggers a probe with a
+//! short deadline; if the broker does not answer the probe either, the batch is an outage at once
+//! (released untouched) instead of waiting out the whole `--publish-timeout`.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use chrono::{DateTime, Utc};
+use outbox_shared::ClaimedMessage;
+use outbox_shared::limits::check_publishable;
+use outbox_shared::store::claim::{self, ClaimFilter, OrderedClaim};
+use outbox_shared::store::dead_letter::Failure;
+use outbox_shared::store::settle::settle;
+use sqlx::PgConnection;
+
+use crate::classify::{FailureKind, PublishFailure};
+use crate::decide::{self, Attempt, Decision, Policy};
+use crate::error::DispatcherError;
+use crate::publisher::{BatchResult, Publish};
+use crate::worker::Dispatch;
+
+/// What one batch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Settled {
+    /// Rows claimed.
+    pub claimed: usize,
+    /// Published and recorded.
+    pub published: usize,
+    /// Scheduled for another attempt.
+    pub retried: usize,
+    /// Moved to the dead-letter table.
+    pub dead_lettered: usize,
+    /// Released untouched (not attempted, or held behind a failure on their key).
+    pub released: usize,
+}
+
+/// The outcome of [`run_batch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchOutcome {
+    /// Nothing was due.
+    Empty,
+    /// Every claimed row was settled.
+    Settled(Settled),
+    /// Pub/Sub did not answer: the rows were released untouched and the breaker tripped.
+    Outage {
+        /// The first error seen.
+        error: String,
+        /// Rows released.
+        released: usize,
+    },
+}
+
+/// Claims, publishes and settles one batch of rows due at `now`.
+#[tracing::instrument(skip_all, fields(batch.size = tracing::field::Empty), err(level = "debug"))]
+pub(crate) async fn run_batch<P: Publish>(
+    d: &Dispatch<P>,
+    now: DateTime<Utc>,
+) -> Result<BatchOutcome, DispatcherError> {
+    let mut tx = d
+        .pool
+        .begin()
+        .await
+        .map_err(|source| outbox_shared::Error::Database {
+            context: "starting a claim transaction",
+            source,
+        })?;
+    let claimed = claim(d, &mut tx, now).await?;
+    if claimed.is_empty() {
+        // Nothing locked, nothing written: ending the transaction either way is the same.
+        let _ = tx.rollback().await;
+        return Ok(BatchOutcome::Empty);
+    }
+    tracing::Span::current().record("batch.size", claimed.len());
+    d.metrics.batch_size.observe(claimed.len() as f64);
+    let policy = Policy {
+        schedule: &d.settings.schedule,
+        skip_dead_letter_topics: &d.settings.skip_dead_letter_topics,
+    };
+
+    let mut attempts = check(d, &claimed, policy);
+    let started = Instant::now();
+    let stall = publish(d, &claimed, &mut attempts).await;
+    let isolated_keys = isolate(d, &claimed, &mut attempts, policy).await;
+
+    let outage = match stall {
+        Some(probe_error) => Some(probe_error),
+        None if decide::may_be_outage(&attempts) => probe_failure(d, &claimed, &attempts).await,
+        None => None,
+    };
+    let mut decision = match &outage {
+        Some(_) => decide::outage(&claimed, attempts),
+        None => decide::decide(&claimed, attempts, policy, now, fastrand::f64),
+    };
+    // A key whose request failed is paused in the shared client even when isolation then
+    // published all of it.
+    decision.resume.extend(isolated_keys);
+    decision.resume.sort();
+    decision.resume.dedup();
+    settle(
+        &mut tx,
+        &decision.settlement,
+        d.settings.retain_published,
+        now,
+    )
+    .await?;
+    tx.commit()
+        .await
+        .map_err(|source| outbox_shared::Error::Database {
+            context: "committing a settled batch",
+            source,
+        })?;
+    // Only now, with the failed messages' new state durable ahead of later ones, may keys go on.
+    for (topic, key) in &decision.resume {
+        d.publisher.resume(topic, key);
+    }
+    record(d, &claimed, &decision, now);
+    match outage {
+        Some(error) => {
+            d.metrics.outage_batches.inc();
+            let topic = first_sent_topic(&claimed, &decision);
+            d.breaker.trip(topic, &error, started);
+            Ok(BatchOutcome::Outage {
+                error,
+                released: decision.settlement.released.len(),
+            })
+        }
+        None => Ok(BatchOutcome::Settled(Settled {
+            claimed: claimed.len(),
+            published: decision.settlement.published.len(),
+            retried: decision.settlement.retries.len(),
+            dead_lettered: decision.settlement.dead_letters.len(),
+            released: decision.settlement.released.len(),
+        })),
+    }
+}
+
+/// Claims ordering keys first (whole keys, in id order), then fills the batch with unkeyed rows.
+async fn claim<P: Publish>(
+    d: &Dispatch<P>,
+    tx: &mut PgConnection,
+    now: DateTime<Utc>,
+) -> Result<Vec<ClaimedMessage>, DispatcherError> {
+    let filter = ClaimFilter {
+        now,
+        limit: d.settings.batch_size,
+        topics: d.settings.topics.as_deref(),
+    };
+    let (cursor, max_keys) = d.keys.next();
+    let ordered = OrderedClaim {
+        filter: filter.clone(),
+        scan_limit: d.settings.key_scan_limit,
+        skip_dead_letter_topics: &d.settings.skip_dead_letter_topics,
+        max_keys,
+    };
+    let keyed = claim::claim_ordered(tx, &ordered, &cursor).await?;
+    d.keys.learn(
+        keyed.keys,
+        keyed.saturated_keys,
+        max_keys,
+        keyed.next_cursor,
+    );
+    let mut claimed = keyed.messages;
+    let room = d.settings.batch_size - claimed.len() as i64;
+    if room > 0 {
+        let unkeyed = ClaimFilter {
+            limit: room,
+            ..filter
+        };
+        claimed.extend(claim::claim_batch(tx, &unkeyed).await?);
+    }
+    Ok(claimed)
+}
+
+/// The local limit checks: a message that can never be published costs no round trip and is
+/// rejected; the later messages of its key are held back (unless its topic skips dead letters).
+/// Everything else starts as "not attempted" until the publish says otherwise.
+fn check<P: Publish>(
+    d: &Dispatch<P>,
+    claimed: &[ClaimedMessage],
+    policy: Policy<'_>,
+) -> Vec<Attempt> {
+    let mut reasons: Vec<Option<String>> = claimed
+        .iter()
+        .map(|m| {
+            check_publishable(
+                &m.payload,
+                &m.attributes,
+                m.ordering_key.as_deref(),
+                &d.settings.dedupe_attribute,
+                &m.dedupe_key,
+            )
+            .err()
+            .map(|violation| violation.to_string())
+        })
+        .collect();
+    let rejected: HashSet<usize> = (0..claimed.len())
+        .filter(|i| reasons[*i].is_some())
+        .collect();
+    d.metrics.fail("limit", rejected.len() as u64);
+    decide::hold_back(claimed, &rejected, policy)
+        .into_iter()
+        .enumerate()
+        .map(|(i, held)| match reasons[i].take() {
+            Some(reason) => Attempt::Rejected(reason),
+            None if held => Attempt::HeldBack,
+            None => Attempt::Failed(PublishFailure {
+                kind: FailureKind::NotAttempted,
+                message: "not sent".to_owned(),
+            }),
+        })
+        .collect()
+}
+
+/// Publishes the messages still "not attempted" under the process-wide byte budget, recording
+/// each result in `attempts`. Returns the probe's error when the publish stalled and the broker
+/// did not answer a probe either (an outage, detected early).
+async fn publish<P: Publish>(
+    d: &Dispatch<P>,
+    claimed: &[ClaimedMessage],
+    attempts: &mut [Attempt],
+) -> Option<String> {
+    let send: Vec<usize> = (0..claimed.len())
+        .filter(
+            |i| matches!(&attempts[*i], Attempt::Failed(f) if f.kind == FailureKind::NotAttempted),
+        )
+        .collect();
+    if send.is_empty() {
+        return None;
+    }
+    // The publisher takes a slice: the common case (everything sendable) borrows the claim.
+    let owned: Vec<ClaimedMessage>;
+    let batch: &[ClaimedMessage] = if send.len() == claimed.len() {
+        claimed
+    } else {
+        owned = send.iter().map(|i| claimed[*i].clone()).collect();
+        &owned
+    };
+    let bytes: usize = batch
+        .iter()
+        .map(|m| m.payload.len() + m.dedupe_key.len() + 64)
+        .sum();
+    let _permit = d.inflight.reserve(bytes).await;
+    let started = Instant::now();
+    let results = watch_for_stall(d, batch).await;
+    d.metrics
+        .publish_seconds
+        .observe(started.elapsed().as_secs_f64());
+    match results {
+        Ok(results) => {
+            for (i, result) in send.iter().zip(results) {
+                if let Err(failure) = &result {
+                    d.metrics.fail(failure.kind.as_str(), 1);
+                }
+                attempts[*i] = into_attempt(result);
+            }
+            None
+        }
+        Err(probe_error) => Some(probe_error),
+    }
+}
+
+/// Waits for the publish; if it has not answered after `--stall-probe-after`, probes with a short
+/// deadline and gives up on the publish when the probe fails too (the client may still deliver
+/// what it holds later: a duplicate, never a loss).
+async fn watch_for_stall<P: Publish>(
+    d: &Dispatch<P>,
+    batch: &[ClaimedMessage],
+) -> Result<BatchResult, String> {
+    let publishing = d.publisher.publish(batch);
+    tokio::pin!(publishing);
+    tokio::select! {
+        results = &mut publishing => return Ok(results),
+        () = tokio::time::sleep(d.stall_probe_after) => {}
+    }
+    let topic = batch.first().map_or("", |m| m.topic.as_str());
+    tokio::select! {
+        results = &mut publishing => Ok(results),
+        probe = d.publisher.probe(topic) => match probe {
+            Ok(()) => Ok(publishing.await),
+            Err(e) => Err(format!(
+                "no answer to a publish for {:?}, and the probe failed: {e}",
+                d.stall_probe_after
+            )),
+        },
+    }
+}
+
+/// Publishes every message that got a permanent error once more, in a request of its own, and
+/// keeps that verdict; on a key, in order from its first permanent failure, stopping at the next
+/// failure unless the topic skips dead letters. Returns the keys it isolated.
+async fn isolate<P: Publish>(
+    d: &Dispatch<P>,
+    claimed: &[ClaimedMessage],
+    attempts: &mut [Attempt],
+    policy: Policy<'_>,
+) -> Vec<(String, String)> {
+    let permanent =
+        |a: &Attempt| matches!(a, Attempt::Failed(f) if f.kind == FailureKind::Permanent);
+    if !attempts.iter().any(permanent) {
+        return Vec::new();
+    }
+    d.metrics.isolations.inc();
+    let mut unkeyed = Vec::new();
+    let mut keys: Vec<(&str, &str)> = Vec::new();
+    for (i, m) in claimed.iter().enumerate() {
+        if !permanent(&attempts[i]) {
+            continue;
+        }
+        match m.ordering_key.as_deref() {
+            None => unkeyed.push(i),
+            Some(k) if !keys.contains(&(m.topic.as_str(), k)) => keys.push((m.topic.as_str(), k)),
+            Some(_) => {}
+        }
+    }
+    let alone = unkeyed
+        .iter()
+        .map(|i| d.publisher.publish_alone(&claimed[*i]));
+    let results = futures::future::join_all(alone).await;
+    d.metrics.isolation_publishes.inc_by(results.len() as u64);
+    for (i, result) in unkeyed.iter().zip(results) {
+        attempts[*i] = into_attempt(result);
+    }
+    for (topic, key) in &keys {
+        isolate_key(d, claimed, attempts, topic, key, policy).await;
+    }
+    keys.into_iter()
+        .map(|(t, k)| (t.to_owned(), k.to_owned()))
+        .collect()
+}
+
+/// One key's messages from its first permanent failure on, one request each, in order.
+async fn isolate_key<P: Publish>(
+    d: &Dispatch<P>,
+    claimed: &[ClaimedMessage],
+    attempts: &mut [Attempt],
+    topic: &str,
+    key: &str,
+    policy: Policy<'_>,
+) {
+    let of_key = |m: &ClaimedMessage| m.topic == topic && m.ordering_key.as_deref() == Some(key);
+    let Some(first) = (0..claimed.len()).find(|i| {
+        of_key(&claimed[*i])
+            && matches!(&attempts[*i], Attempt::Failed(f) if f.kind == FailureKind::Permanent)
+    }) else {
+        return;
+    };
+    for i in (first..claimed.len()).filter(|i| of_key(&claimed[*i])) {
+        match &attempts[i] {
+            Attempt::Published(_) => continue,
+            Attempt::Failed(f) if f.kind != FailureKind::Transient => {}
+            // A transient failure, a rejection or a held-back message: the rest waits.
+            _ => return,
+        }
+        d.metrics.isolation_publishes.inc();
+        attempts[i] = into_attempt(d.publisher.publish_alone(&claimed[i]).await);
+        let goes_on = match &attempts[i] {
+            Attempt::Published(_) => true,
+            Attempt::Failed(f) => f.kind == FailureKind::Permanent && policy.skips(topic),
+            _ => false,
+        };
+        if !goes_on {
+            // The rest of the key waits behind it (decide releases them untouched).
+            return;
+        }
+    }
+}
+
+fn into_attempt(result: Result<String, PublishFailure>) -> Attempt {
+    match result {
+        Ok(message_id) => Attempt::Published(message_id),
+        Err(failure) => Attempt::Failed(failure),
+    }
+}
+
+/// Every message sent failed transiently: is it the messages, or is Pub/Sub down for everyone?
+/// Returns the probe's error when the broker does not answer.
+async fn probe_failure<P: Publish>(
+    d: &Dispatch<P>,
+    claimed: &[ClaimedMessage],
+    attempts: &[Attempt],
+) -> Option<String> {
+    let (m, failure) = claimed.iter().zip(attempts).find_map(|(m, a)| match a {
+        Attempt::Failed(f) if f.kind == FailureKind::Transient => Some((m, f)),
+        _ => None,
+    })?;
+    let probe = d.publisher.probe(&m.topic).await.err()?;
+    Some(format!("{} (probe: {probe})", failure.message))
+}
+
+fn first_sent_topic<'a>(claimed: &'a [ClaimedMessage], decision: &Decision) -> &'a str {
+    let released: HashSet<i64> = decision.settlement.released.iter().copied().collect();
+    claimed
+        .iter()
+        .find(|m| released.contains(&m.id))
+        .or(claimed.first())
+        .map_or("", |m| m.topic.as_str())
+}
+
+/// Metrics and logs of a settled batch (after the commit: only what is durable is reported).
+fn record<P: Publish>(
+    d: &Dispatch<P>,
+    claimed: &[ClaimedMessage],
+    decision: &Decision,
+    now: DateTime<Utc>,
+) {
+    let s = &decision.settlement;
+    let published: HashSet<i64> = s.published.iter().map(|(id, _)| *id).collect();
+    for m in claimed.iter().filter(|m| published.contains(&m.id)) {
+        let lag = (now - m.created_at).num_milliseconds().max(0) as f64 / 1000.0;
+        d.metrics.lag_seconds.observe(lag);
+    }
+    d.metrics.published.inc_by(s.published.len() as u64);
+    d.metrics.retried.inc_by(s.retries.len() as u64);
+    for f in &s.dead_letters {
+        d.metrics.dead_letter(f.kind.as_str(), 1);
+        if let Some(m) = claimed.iter().find(|m| m.id == f.id) {
+            log_dead_letter(d, m, f);
+        }
+    }
+}
+
+fn log_dead_letter<P: Publish>(d: &Dispatch<P>, m: &ClaimedMessage, f: &Failure) {
+    match m.ordering_key.as_deref() {
+        Some(key) if !d.settings.skip_dead_letter_topics.contains(&m.topic) => tracing::error!(
+            outbox.id = f.id, outbox.dedupe_key = %m.dedupe_key, pubsub.topic = %m.topic,
+            pubsub.ordering_key = key, error.kind = f.kind.as_str(), error = %f.error,
+            "Ordering key BLOCKED: its message was dead-lettered and the later messages of the key \
+             wait; replay or discard the dead letter to release it."
+        ),
+        _ => tracing::error!(
+            outbox.id = f.id, outbox.dedupe_key = %m.dedupe_key, pubsub.topic = %m.topic,
+            error.kind = f.kind.as_str(), error = %f.error,
+            "Message dead-lettered: inspect it, then replay or discard it."
+        ),
+    }
+}

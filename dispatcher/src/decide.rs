@@ -1,0 +1,217 @@
+//! The decisions of a unit of work, as pure functions of what was claimed and what happened to it,
+//! so every case is a table test without PostgreSQL or Pub/Sub:
+//!
+//! - [`hold_back`]: which claimed messages may be sent. A message refused by the local limit
+//!   checks never is; the later messages of its ordering key are held back (released untouched)
+//!   unless its topic lets keys skip dead letters.
+//! - [`decide`]: from every message's [`Attempt`], the retry schedule and the ordering policy, the
+//!   [`Decision`]: what is published, retried (when), dead-lettered (why) or released untouched,
+//!   and which ordering keys the client may resume after the commit.
+//!
+//! Invariant kept by both: on an ordering key, nothing after a message that was not published
+//! goes out in the same batch unless the key's topic skips dead letters and that message was
+//! dead-lettered.
+
+use std::collections::HashSet;
+
+use chrono::{DateTime, Utc};
+use outbox_shared::ClaimedMessage;
+use outbox_shared::retry::{RetryDecision, RetrySchedule};
+use outbox_shared::store::dead_letter::{ErrorKind, Failure};
+use outbox_shared::store::outbox::Retry;
+use outbox_shared::store::settle::Settlement;
+
+use crate::classify::{FailureKind, PublishFailure};
+
+/// What happened to one claimed message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Attempt {
+    /// Refused by the local limit checks (never sent).
+    Rejected(String),
+    /// Not sent: an earlier message of its key was not published.
+    HeldBack,
+    /// Published with this Pub/Sub message id.
+    Published(String),
+    /// The publish failed.
+    Failed(PublishFailure),
+}
+
+/// The ordering policy and the retry schedule a decision applies.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Policy<'a> {
+    pub(crate) schedule: &'a RetrySchedule,
+    pub(crate) skip_dead_letter_topics: &'a [String],
+}
+
+impl Policy<'_> {
+    /// Whether the keys of `topic` go on past a dead-lettered message.
+    pub(crate) fn skips(&self, topic: &str) -> bool {
+        self.skip_dead_letter_topics.iter().any(|t| t == topic)
+    }
+}
+
+/// What a batch decided: the rows to write, and what to tell the client after the commit.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Decision {
+    /// The database writes (one store call, in the batch transaction).
+    pub(crate) settlement: Settlement,
+    /// Ordering keys the client paused (a failure on them): resume after the commit, once the
+    /// failed message's new state is durable ahead of the later ones.
+    pub(crate) resume: Vec<(String, String)>,
+}
+
+/// Marks, in batch order, the messages that must not be sent: locally `rejected` ones (index set)
+/// and, on a key whose topic does not skip dead letters, every later message of that key.
+pub(crate) fn hold_back(
+    claimed: &[ClaimedMessage],
+    rejected: &HashSet<usize>,
+    policy: Policy<'_>,
+) -> Vec<bool> {
+    let mut blocked: HashSet<(&str, &str)> = HashSet::new();
+    claimed
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let key = m.ordering_key.as_deref().map(|k| (m.topic.as_str(), k));
+            if key.is_some_and(|k| blocked.contains(&k)) {
+                return true;
+            }
+            if rejected.contains(&i) {
+                if let Some(k) = key
+                    && !policy.skips(&m.topic)
+                {
+                    blocked.insert(k);
+                }
+                return true;
+            }
+            false
+        })
+        .collect()
+}
+
+/// Turns every claimed message's attempt into the batch's decision. `random` draws the jitter
+/// (one value in 0..1 per retry), so tests pass a constant.
+pub(crate) fn decide(
+    claimed: &[ClaimedMessage],
+    attempts: Vec<Attempt>,
+    policy: Policy<'_>,
+    now: DateTime<Utc>,
+    mut random: impl FnMut() -> f64,
+) -> Decision {
+    let mut d = Decision::default();
+    let mut paused: HashSet<(&str, &str)> = HashSet::new();
+    for (m, attempt) in claimed.iter().zip(attempts) {
+        let key = m.ordering_key.as_deref().map(|k| (m.topic.as_str(), k));
+        if key.is_some_and(|k| paused.contains(&k)) && !matches!(attempt, Attempt::Published(_)) {
+            // Behind a failure on its key: whatever the client reported, it waits untouched.
+            d.settlement.released.push(m.id);
+            continue;
+        }
+        match attempt {
+            Attempt::Published(message_id) => d.settlement.published.push((m.id, message_id)),
+            Attempt::HeldBack => d.settlement.released.push(m.id),
+            Attempt::Rejected(reason) => {
+                d.settlement.dead_letters.push(Failure {
+                    id: m.id,
+                    attempts: m.attempts,
+                    kind: ErrorKind::Permanent,
+                    error: format!("rejected before publishing: {reason}"),
+                });
+                if let Some(k) = key
+                    && !policy.skips(&m.topic)
+                {
+                    paused.insert(k);
+                }
+            }
+            Attempt::Failed(failure) => {
+                if let Some(k) = key {
+                    d.resume.push((k.0.to_owned(), k.1.to_owned()));
+                    let goes_on = failure.kind == FailureKind::Permanent && policy.skips(&m.topic);
+                    if !goes_on {
+                        paused.insert(k);
+                    }
+                }
+                settle_failure(&mut d.settlement, m, failure, policy, now, &mut random);
+            }
+        }
+    }
+    d.resume.sort();
+    d.resume.dedup();
+    d
+}
+
+fn settle_failure(
+    s: &mut Settlement,
+    m: &ClaimedMessage,
+    failure: PublishFailure,
+    policy: Policy<'_>,
+    now: DateTime<Utc>,
+    random: &mut impl FnMut() -> f64,
+) {
+    match failure.kind {
+        FailureKind::NotAttempted => s.released.push(m.id),
+        FailureKind::Permanent => s.dead_letters.push(Failure {
+            id: m.id,
+            attempts: m.attempts.saturating_add(1),
+            kind: ErrorKind::Permanent,
+            error: failure.message,
+        }),
+        FailureKind::Transient => match policy.schedule.on_failure(m.attempts, now, random()) {
+            RetryDecision::RetryAt { at, attempts } => s.retries.push(Retry {
+                id: m.id,
+                attempts,
+                next_attempt_at: at,
+                last_error: failure.message,
+            }),
+            RetryDecision::DeadLetter { attempts } => s.dead_letters.push(Failure {
+                id: m.id,
+                attempts,
+                kind: ErrorKind::Exhausted,
+                error: failure.message,
+            }),
+        },
+    }
+}
+
+/// Whether a batch looks like an outage rather than bad messages: something was sent, nothing was
+/// published, and every failure was transient. Only a failed probe then makes it one.
+pub(crate) fn may_be_outage(attempts: &[Attempt]) -> bool {
+    let mut sent = attempts
+        .iter()
+        .filter(|a| matches!(a, Attempt::Published(_) | Attempt::Failed(_)))
+        .peekable();
+    sent.peek().is_some()
+        && sent.all(|a| matches!(a, Attempt::Failed(f) if f.kind != FailureKind::Permanent))
+        && attempts
+            .iter()
+            .any(|a| matches!(a, Attempt::Failed(f) if f.kind == FailureKind::Transient))
+}
+
+/// The decision for an outage: the locally rejected messages are dead-lettered (they can never be
+/// published), everything else is released untouched, charged nothing.
+pub(crate) fn outage(claimed: &[ClaimedMessage], attempts: Vec<Attempt>) -> Decision {
+    let mut d = Decision::default();
+    for (m, attempt) in claimed.iter().zip(attempts) {
+        match attempt {
+            Attempt::Rejected(reason) => d.settlement.dead_letters.push(Failure {
+                id: m.id,
+                attempts: m.attempts,
+                kind: ErrorKind::Permanent,
+                error: format!("rejected before publishing: {reason}"),
+            }),
+            _ => {
+                d.settlement.released.push(m.id);
+                if let Some(k) = &m.ordering_key {
+                    d.resume.push((m.topic.clone(), k.clone()));
+                }
+            }
+        }
+    }
+    d.resume.sort();
+    d.resume.dedup();
+    d
+}
+
+#[cfg(test)]
+#[path = "decide_tests.rs"]
+mod tests;

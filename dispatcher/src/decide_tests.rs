@@ -1,0 +1,252 @@
+//! Table tests of the batch decisions: every case of the unit of work without PostgreSQL.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use outbox_shared::ClaimedMessage;
+use outbox_shared::retry::RetrySchedule;
+use outbox_shared::store::dead_letter::ErrorKind;
+
+use super::*;
+use crate::classify::PublishFailure;
+
+const T: &str = "projects/p/topics/t";
+const SKIP: &str = "projects/p/topics/skip";
+
+fn now() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 12, 1, 12, 0, 0)
+        .single()
+        .expect("a valid instant")
+}
+
+fn msg(id: i64, topic: &str, key: Option<&str>, attempts: i32) -> ClaimedMessage {
+    ClaimedMessage {
+        id,
+        topic: topic.to_owned(),
+        ordering_key: key.map(str::to_owned),
+        dedupe_key: format!("d{id}"),
+        payload: Vec::new(),
+        attributes: Default::default(),
+        attempts,
+        created_at: now(),
+    }
+}
+
+fn schedule() -> RetrySchedule {
+    RetrySchedule {
+        base: Duration::from_secs(2),
+        cap: Duration::from_secs(60),
+        jitter: 0.0,
+        max_attempts: 3,
+    }
+}
+
+fn policy(schedule: &RetrySchedule) -> Policy<'_> {
+    static SKIPS: std::sync::LazyLock<Vec<String>> =
+        std::sync::LazyLock::new(|| vec![SKIP.to_owned()]);
+    Policy {
+        schedule,
+        skip_dead_letter_topics: &SKIPS,
+    }
+}
+
+fn ok(id: &str) -> Attempt {
+    Attempt::Published(id.to_owned())
+}
+fn permanent() -> Attempt {
+    Attempt::Failed(PublishFailure::permanent("INVALID_ARGUMENT: bad"))
+}
+fn transient() -> Attempt {
+    Attempt::Failed(PublishFailure::transient("UNAVAILABLE: down"))
+}
+fn paused() -> Attempt {
+    Attempt::Failed(PublishFailure {
+        kind: FailureKind::NotAttempted,
+        message: "ordering key paused".into(),
+    })
+}
+
+/// (published ids, retried ids, dead-lettered ids with kinds, released ids).
+type Outcome = (Vec<i64>, Vec<i64>, Vec<(i64, ErrorKind)>, Vec<i64>);
+
+fn outcome(d: &Decision) -> Outcome {
+    let s = &d.settlement;
+    (
+        s.published.iter().map(|(id, _)| *id).collect(),
+        s.retries.iter().map(|r| r.id).collect(),
+        s.dead_letters.iter().map(|f| (f.id, f.kind)).collect(),
+        s.released.clone(),
+    )
+}
+
+#[test]
+fn a_locally_rejected_keyed_message_holds_back_the_rest_of_its_key_unless_its_topic_skips() {
+    let s = schedule();
+    let claimed = vec![
+        msg(1, T, Some("k"), 0),
+        msg(2, T, Some("k"), 0),
+        msg(3, T, Some("k"), 0),
+        msg(4, T, Some("other"), 0),
+        msg(5, SKIP, Some("k"), 0),
+        msg(6, SKIP, Some("k"), 0),
+        msg(7, T, None, 0),
+        msg(8, T, None, 0),
+    ];
+    let rejected: HashSet<usize> = [1, 4, 6].into_iter().collect();
+    let held = hold_back(&claimed, &rejected, policy(&s));
+    assert_eq!(
+        held,
+        vec![false, true, true, false, true, false, true, false],
+        "ok-1 goes, bad-2 and ok-3 wait; the other key goes; on the skip topic ok-6 goes; an \
+         unkeyed rejection holds back nothing else"
+    );
+    let attempts = vec![
+        ok("m1"),
+        Attempt::Rejected("attribute too long".into()),
+        Attempt::HeldBack,
+        ok("m4"),
+        Attempt::Rejected("attribute too long".into()),
+        ok("m6"),
+        Attempt::Rejected("too large".into()),
+        ok("m8"),
+    ];
+    let d = decide(&claimed, attempts, policy(&s), now(), || 0.5);
+    assert_eq!(
+        outcome(&d),
+        (
+            vec![1, 4, 6, 8],
+            vec![],
+            vec![
+                (2, ErrorKind::Permanent),
+                (5, ErrorKind::Permanent),
+                (7, ErrorKind::Permanent)
+            ],
+            vec![3],
+        )
+    );
+    assert!(
+        d.settlement.dead_letters[0]
+            .error
+            .starts_with("rejected before publishing: attribute too long"),
+        "{:?}",
+        d.settlement.dead_letters
+    );
+    assert!(
+        d.resume.is_empty(),
+        "nothing was sent to the client and failed"
+    );
+}
+
+#[test]
+fn a_permanent_failure_on_a_key_dead_letters_it_and_releases_the_rest_of_the_key() {
+    let s = schedule();
+    let claimed = vec![
+        msg(1, T, Some("k"), 0),
+        msg(2, T, Some("k"), 0),
+        msg(3, T, Some("k"), 0),
+        msg(4, SKIP, Some("k"), 0),
+        msg(5, SKIP, Some("k"), 0),
+    ];
+    let attempts = vec![ok("m1"), permanent(), ok("late"), permanent(), ok("m5")];
+    let d = decide(&claimed, attempts, policy(&s), now(), || 0.5);
+    assert_eq!(
+        outcome(&d),
+        (
+            vec![1, 3, 5],
+            vec![],
+            vec![(2, ErrorKind::Permanent), (4, ErrorKind::Permanent)],
+            vec![],
+        ),
+        "a publish the client already made is recorded; on the skip topic the key goes on"
+    );
+    let claimed = vec![
+        msg(1, T, Some("k"), 0),
+        msg(2, T, Some("k"), 0),
+        msg(3, T, Some("k"), 0),
+    ];
+    let attempts = vec![permanent(), paused(), paused()];
+    let d = decide(&claimed, attempts, policy(&s), now(), || 0.5);
+    assert_eq!(
+        outcome(&d),
+        (vec![], vec![], vec![(1, ErrorKind::Permanent)], vec![2, 3])
+    );
+    assert_eq!(
+        d.resume,
+        vec![(T.to_owned(), "k".to_owned())],
+        "the key resumes after commit"
+    );
+}
+
+#[test]
+fn transient_failures_follow_the_schedule_and_exhausted_ones_are_dead_lettered() {
+    let s = schedule();
+    let claimed = vec![
+        msg(1, T, None, 0),
+        msg(2, T, None, 2),
+        msg(3, T, Some("k"), 1),
+        msg(4, T, Some("k"), 0),
+    ];
+    let attempts = vec![transient(), transient(), transient(), paused()];
+    let d = decide(&claimed, attempts, policy(&s), now(), || 0.5);
+    assert_eq!(
+        outcome(&d),
+        (vec![], vec![1, 3], vec![(2, ErrorKind::Exhausted)], vec![4])
+    );
+    let r = &d.settlement.retries;
+    assert_eq!(
+        (r[0].attempts, r[0].next_attempt_at),
+        (1, now() + chrono::Duration::seconds(2))
+    );
+    assert_eq!(
+        (r[1].attempts, r[1].next_attempt_at),
+        (2, now() + chrono::Duration::seconds(4))
+    );
+    assert_eq!(r[0].last_error, "UNAVAILABLE: down");
+    assert_eq!(d.settlement.dead_letters[0].attempts, 3);
+}
+
+#[test]
+fn an_outage_is_suspected_only_when_everything_sent_failed_transiently() {
+    assert!(may_be_outage(&[
+        transient(),
+        paused(),
+        Attempt::Rejected("x".into())
+    ]));
+    assert!(
+        !may_be_outage(&[transient(), ok("m")]),
+        "something got through"
+    );
+    assert!(
+        !may_be_outage(&[transient(), permanent()]),
+        "the broker answered"
+    );
+    assert!(
+        !may_be_outage(&[Attempt::Rejected("x".into()), Attempt::HeldBack]),
+        "nothing sent"
+    );
+    assert!(
+        !may_be_outage(&[paused()]),
+        "not attempted is not a failure of the broker"
+    );
+}
+
+#[test]
+fn an_outage_releases_everything_but_the_local_rejections_and_charges_nothing() {
+    let claimed = vec![
+        msg(1, T, Some("k"), 4),
+        msg(2, T, None, 0),
+        msg(3, T, None, 0),
+    ];
+    let attempts = vec![
+        transient(),
+        Attempt::Rejected("too large".into()),
+        transient(),
+    ];
+    let d = outage(&claimed, attempts);
+    assert_eq!(
+        outcome(&d),
+        (vec![], vec![], vec![(2, ErrorKind::Permanent)], vec![1, 3])
+    );
+    assert_eq!(d.resume, vec![(T.to_owned(), "k".to_owned())]);
+}
