@@ -16,14 +16,16 @@ resource "google_cloud_run_v2_job" "producer" {
 
     template {
       service_account = google_service_account.producer.email
-      # Per attempt. On timeout the task gets SIGTERM: the producer stops at a page boundary; the
-      # committed pages and watermark stay, and the next run resumes there.
+      # Per attempt, below the 15-minute schedule so executions do not pile up. On timeout the task
+      # gets SIGTERM: the producer stops at a page boundary; the committed pages and watermark
+      # stay, and the next run resumes there.
       timeout = var.producer_timeout
       # A retry resumes from the last committed page (exit 1); a config error (exit 2) fails again.
       max_retries           = var.producer_max_retries
       execution_environment = "EXECUTION_ENVIRONMENT_GEN2"
 
-      # Cloud SQL has only a private IP: route private ranges through the VPC.
+      # Cloud SQL has only a private IP: route private ranges through the VPC (the proxy sidecar
+      # reaches the instance there; Google APIs go out directly).
       vpc_access {
         network_interfaces {
           network    = var.network
@@ -33,6 +35,7 @@ resource "google_cloud_run_v2_job" "producer" {
       }
 
       containers {
+        name  = "producer"
         image = var.producer_image
         args  = ["run"]
 
@@ -52,14 +55,10 @@ resource "google_cloud_run_v2_job" "producer" {
           value = "/etc/pubsub-outbox/streams.toml"
         }
         env {
-          # postgres://USER:PASSWORD@localhost/DB?host=/cloudsql/PROJECT:REGION:INSTANCE
-          name = "DATABASE_URL"
-          value_source {
-            secret_key_ref {
-              secret  = google_secret_manager_secret.producer_database_url.secret_id
-              version = "latest"
-            }
-          }
+          # Through the proxy sidecar below, which logs in as the job's service account (IAM
+          # database authentication): a user name and no password, so nothing here is secret.
+          name  = "DATABASE_URL"
+          value = local.producer_database_url
         }
         env {
           # Streams run one after the other on one dedicated connection (which holds the
@@ -83,22 +82,38 @@ resource "google_cloud_run_v2_job" "producer" {
         }
 
         volume_mounts {
-          name       = "cloudsql"
-          mount_path = "/cloudsql"
-        }
-        volume_mounts {
           name       = "streams"
           mount_path = "/etc/pubsub-outbox"
         }
       }
 
-      # Cloud Run's built-in Cloud SQL connection (an Auth Proxy run by the platform): a Unix
-      # socket at /cloudsql/PROJECT:REGION:INSTANCE/.s.PGSQL.5432. The instance has no public IP,
-      # so it connects over the private IP through the VPC egress above.
-      volumes {
-        name = "cloudsql"
-        cloud_sql_instance {
-          instances = [google_sql_database_instance.outbox.connection_name]
+      # The Cloud SQL Auth Proxy as a sidecar, not Cloud Run's built-in /cloudsql socket: the
+      # built-in connection cannot do automatic IAM database authentication (it needs a password),
+      # and a token-as-password would need the producer to mint and refresh OAuth tokens itself.
+      # The proxy logs in as the job's service account and presents the client certificate the
+      # instance requires. The producer retries its first connection (OUTBOX_DB_CONNECT_TIMEOUT),
+      # which covers the proxy's start.
+      containers {
+        name  = "cloud-sql-proxy"
+        image = var.cloud_sql_proxy_image
+        args = [
+          "--private-ip",
+          "--auto-iam-authn",
+          "--address=127.0.0.1",
+          "--port=5432",
+          "--structured-logs",
+          "--exit-zero-on-sigterm",
+          # POST http://127.0.0.1:9091/quitquitquit stops the proxy (see deploy/README.md: how a
+          # task with a sidecar ends).
+          "--quitquitquit",
+          "--admin-port=9091",
+          google_sql_database_instance.outbox.connection_name,
+        ]
+        resources {
+          limits = {
+            cpu    = "1"
+            memory = "256Mi"
+          }
         }
       }
 
@@ -119,9 +134,8 @@ resource "google_cloud_run_v2_job" "producer" {
   depends_on = [
     google_project_service.enabled,
     google_secret_manager_secret_version.producer_streams,
-    google_secret_manager_secret_version.producer_database_url,
     google_secret_manager_secret_iam_member.producer_reads_streams,
-    google_secret_manager_secret_iam_member.producer_reads_database_url,
-    google_project_iam_member.producer_cloudsql_client,
+    google_project_iam_member.cloudsql,
+    google_sql_user.workload,
   ]
 }

@@ -1,7 +1,8 @@
-# The outbox database: PostgreSQL 15 on a private IP only, reached through the Cloud SQL Auth
-# Proxy (GKE sidecar) and Cloud Run's built-in /cloudsql connection. Both binaries' PostgreSQL
-# driver is built without TLS, so they cannot connect to the private IP directly with ssl_mode
-# ENCRYPTED_ONLY: the proxy paths are the supported ones.
+# The outbox database: PostgreSQL (var.postgres_version) on a private IP only, reached only through
+# the Cloud SQL Auth Proxy (a sidecar of the dispatcher, the migration Job and the producer job).
+# The proxy presents an ephemeral client certificate (the instance requires one and refuses other
+# connectors) and logs in with the workload's IAM identity (--auto-iam-authn): no database
+# password exists anywhere, in Terraform state or in Kubernetes.
 
 resource "google_compute_global_address" "private_service_access" {
   count = var.create_private_service_access ? 1 : 0
@@ -26,8 +27,10 @@ resource "google_service_networking_connection" "private_service_access" {
 resource "google_sql_database_instance" "outbox" {
   name                = "${var.name_prefix}-pg"
   region              = var.region
-  database_version    = "POSTGRES_15"
+  database_version    = var.postgres_version
   deletion_protection = var.deletion_protection
+  # Optional CMEK (var.kms_key_name); the Cloud SQL service agent needs encrypter/decrypter on it.
+  encryption_key_name = var.kms_key_name
 
   settings {
     edition           = "ENTERPRISE"
@@ -38,12 +41,16 @@ resource "google_sql_database_instance" "outbox" {
     disk_autoresize   = true
     # Also refuse deletion through the API and console, not only through Terraform.
     deletion_protection_enabled = var.deletion_protection
+    # Only the Cloud SQL connectors (the Auth Proxy) may connect: no direct connection to the
+    # private IP, whatever the credentials.
+    connector_enforcement = "REQUIRED"
 
     ip_configuration {
       ipv4_enabled    = false
       private_network = var.network
-      # The proxies always use TLS; this refuses anything else.
-      ssl_mode = "ENCRYPTED_ONLY"
+      # TLS with a client certificate issued by the instance's CA: the proxy presents an
+      # ephemeral one on every connection, anything else is refused.
+      ssl_mode = "TRUSTED_CLIENT_CERTIFICATE_REQUIRED"
     }
 
     backup_configuration {
@@ -62,6 +69,8 @@ resource "google_sql_database_instance" "outbox" {
       update_track = "stable"
     }
 
+    # Slow queries are found here, by normalized query shape, without their parameters (the
+    # payloads): that is why log_min_duration_statement is off below.
     insights_config {
       query_insights_enabled  = true
       record_application_tags = false
@@ -74,6 +83,13 @@ resource "google_sql_database_instance" "outbox" {
     #   global value would also cut the producer's and operators' sessions.
     # - synchronous_commit: the dispatcher turns it off for its own sessions only (a lost commit
     #   re-publishes, which consumers dedupe); the producer keeps durable commits.
+    # - log_duration, log_hostname: a log line per statement (thousands per second), and a
+    #   reverse DNS lookup per connection for addresses that are always the proxy's.
+    database_flags {
+      # IAM database authentication: the workloads' service accounts are database users.
+      name  = "cloudsql.iam_authentication"
+      value = "on"
+    }
     database_flags {
       name  = "max_connections"
       value = tostring(var.db_max_connections)
@@ -94,8 +110,49 @@ resource "google_sql_database_instance" "outbox" {
       value = "on"
     }
     database_flags {
+      name  = "log_checkpoints"
+      value = "on"
+    }
+    database_flags {
+      # Who connected and for how long; no statement text.
+      name  = "log_connections"
+      value = "on"
+    }
+    database_flags {
+      name  = "log_disconnections"
+      value = "on"
+    }
+    database_flags {
+      # NEVER raise this to mod or all, and never set log_min_duration_statement: both write
+      # statements WITH their bind parameters to Cloud Logging, i.e. the outbox payloads of every
+      # INSERT and claim. ddl logs schema changes only (never ALTER ROLE … PASSWORD in SQL; use
+      # `gcloud sql users set-password`, which keeps the password out of statements).
+      name  = "log_statement"
+      value = "ddl"
+    }
+    database_flags {
+      # Explicitly off (-1, the default): see log_statement above. Query Insights covers slow
+      # queries without their data.
       name  = "log_min_duration_statement"
-      value = "1000"
+      value = "-1"
+    }
+    database_flags {
+      # The default, spelled out: a failing statement's text is logged (placeholders, not bind
+      # parameters: log_parameter_max_length_on_error stays at its default 0).
+      name  = "log_min_error_statement"
+      value = "error"
+    }
+    # Optional pgAudit (var.enable_pgaudit): DDL and role changes only, never parameters.
+    dynamic "database_flags" {
+      for_each = var.enable_pgaudit ? {
+        "cloudsql.enable_pgaudit" = "on"
+        "pgaudit.log"             = "ddl,role"
+        "pgaudit.log_parameter"   = "off"
+      } : {}
+      content {
+        name  = database_flags.key
+        value = database_flags.value
+      }
     }
   }
 
@@ -110,17 +167,17 @@ resource "google_sql_database" "outbox" {
   instance = google_sql_database_instance.outbox.name
 }
 
-# URL-safe (no special characters): it is embedded as is in the DATABASE_URL secrets.
-resource "random_password" "db" {
-  length  = 32
-  special = false
-}
+# One IAM database user per workload; no built-in (password) user is created here. For a
+# service account the PostgreSQL user name is its email without ".gserviceaccount.com". IAM users
+# start with no privileges: deploy/sql/bootstrap.sql makes the migrator the schema owner and the
+# other two members of the outbox_dispatcher / outbox_producer roles (deploy/README.md).
+resource "google_sql_user" "workload" {
+  for_each = local.db_workloads
 
-resource "google_sql_user" "outbox" {
-  name     = var.db_user
+  name     = trimsuffix(each.value.email, ".gserviceaccount.com")
   instance = google_sql_database_instance.outbox.name
-  password = random_password.db.result
-  # The user owns the schema the migrations create, and PostgreSQL refuses to drop a role that
-  # owns objects: on destroy, leave it to go with the instance.
+  type     = "CLOUD_IAM_SERVICE_ACCOUNT"
+  # The migrator owns the schema, and PostgreSQL refuses to drop a role that owns objects or
+  # holds grants: on destroy, leave the users to go with the instance.
   deletion_policy = "ABANDON"
 }

@@ -1,9 +1,18 @@
-# Identities and their grants, least privilege first: topic- and dataset-level where the API
-# allows it, project-level only for roles that have no narrower resource.
+# Identities and their grants, least privilege first: topic-, dataset-, secret- and job-level
+# where the API allows it; the Cloud SQL roles are project-level bindings with an IAM condition
+# that limits them to the outbox instance. Every binding is listed, with its reason, in
+# deploy/README.md ("IAM bindings").
 
 resource "google_service_account" "dispatcher" {
   account_id   = "${var.name_prefix}-dispatcher"
   display_name = "pubsub-outbox dispatcher (GKE, Workload Identity)"
+  depends_on   = [google_project_service.enabled]
+}
+
+# The migration Job's own identity: the schema owner in the database, no Pub/Sub rights.
+resource "google_service_account" "migrate" {
+  account_id   = "${var.name_prefix}-migrate"
+  display_name = "pubsub-outbox schema migrations (GKE Job, Workload Identity)"
   depends_on   = [google_project_service.enabled]
 }
 
@@ -17,6 +26,38 @@ resource "google_service_account" "scheduler" {
   account_id   = "${var.name_prefix}-scheduler"
   display_name = "pubsub-outbox scheduler (starts the producer job)"
   depends_on   = [google_project_service.enabled]
+}
+
+locals {
+  # The identities that reach Cloud SQL, each through an Auth Proxy that logs in as it.
+  db_workloads = {
+    dispatcher = { email = google_service_account.dispatcher.email }
+    migrate    = { email = google_service_account.migrate.email }
+    producer   = { email = google_service_account.producer.email }
+  }
+  # cloudsql.client: the proxy's connect + get (ephemeral certificate, instance metadata).
+  # cloudsql.instanceUser: cloudsql.instances.login, the IAM database login itself.
+  db_roles = ["roles/cloudsql.client", "roles/cloudsql.instanceUser"]
+  db_bindings = {
+    for pair in setproduct(keys(local.db_workloads), local.db_roles) :
+    "${pair[0]} ${pair[1]}" => { workload = pair[0], role = pair[1] }
+  }
+}
+
+# Cloud SQL roles have no instance-level IAM policy: grant them on the project, conditioned on
+# this one instance.
+resource "google_project_iam_member" "cloudsql" {
+  for_each = local.db_bindings
+
+  project = var.project_id
+  role    = each.value.role
+  member  = "serviceAccount:${local.db_workloads[each.value.workload].email}"
+
+  condition {
+    title       = "only-${google_sql_database_instance.outbox.name}"
+    description = "Only the pubsub-outbox Cloud SQL instance."
+    expression  = "resource.type == 'sqladmin.googleapis.com/Instance' && resource.name == 'projects/${var.project_id}/instances/${google_sql_database_instance.outbox.name}'"
+  }
 }
 
 # ---- dispatcher ---------------------------------------------------------------------------------
@@ -40,19 +81,20 @@ resource "google_pubsub_topic_iam_member" "dispatcher_views" {
   member = "serviceAccount:${google_service_account.dispatcher.email}"
 }
 
-# Used by the Cloud SQL Auth Proxy sidecar (cloudsql.instances.connect/get). No narrower scope.
-resource "google_project_iam_member" "dispatcher_cloudsql_client" {
-  project = var.project_id
-  role    = "roles/cloudsql.client"
-  member  = "serviceAccount:${google_service_account.dispatcher.email}"
-}
-
 # Workload Identity: the Kubernetes service account gke_namespace/gke_service_account may act as
 # this Google service account (the KSA carries the iam.gke.io/gcp-service-account annotation).
 resource "google_service_account_iam_member" "dispatcher_workload_identity" {
   service_account_id = google_service_account.dispatcher.name
   role               = "roles/iam.workloadIdentityUser"
   member             = local.dispatcher_workload_identity_member
+}
+
+# ---- migrations ---------------------------------------------------------------------------------
+
+resource "google_service_account_iam_member" "migrate_workload_identity" {
+  service_account_id = google_service_account.migrate.name
+  role               = "roles/iam.workloadIdentityUser"
+  member             = local.migrate_workload_identity_member
 }
 
 # ---- producer -----------------------------------------------------------------------------------
@@ -77,21 +119,9 @@ resource "google_bigquery_dataset_iam_member" "producer_reads" {
   member     = "serviceAccount:${google_service_account.producer.email}"
 }
 
-# Cloud Run's /cloudsql volume connects as the job's service account.
-resource "google_project_iam_member" "producer_cloudsql_client" {
-  project = var.project_id
-  role    = "roles/cloudsql.client"
-  member  = "serviceAccount:${google_service_account.producer.email}"
-}
-
+# The streams file, mounted into the job. It holds queries, not credentials.
 resource "google_secret_manager_secret_iam_member" "producer_reads_streams" {
   secret_id = google_secret_manager_secret.producer_streams.id
-  role      = "roles/secretmanager.secretAccessor"
-  member    = "serviceAccount:${google_service_account.producer.email}"
-}
-
-resource "google_secret_manager_secret_iam_member" "producer_reads_database_url" {
-  secret_id = google_secret_manager_secret.producer_database_url.id
   role      = "roles/secretmanager.secretAccessor"
   member    = "serviceAccount:${google_service_account.producer.email}"
 }

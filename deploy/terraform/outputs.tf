@@ -14,7 +14,7 @@ output "dispatcher_service_account_email" {
 }
 
 output "producer_service_account_email" {
-  description = "Identity of the producer job (BigQuery, Cloud SQL, its secrets)."
+  description = "Identity of the producer job (BigQuery, Cloud SQL, its streams file)."
   value       = google_service_account.producer.email
 }
 
@@ -43,15 +43,28 @@ output "pubsub_regional_endpoint" {
   value       = "https://${var.region}-pubsub.googleapis.com"
 }
 
-output "dispatcher_database_url_secret" {
-  description = "Secret Manager secret holding the dispatcher's DATABASE_URL (via the proxy sidecar)."
-  value       = google_secret_manager_secret.dispatcher_database_url.secret_id
+output "migrate_service_account_email" {
+  description = "For the iam.gke.io/gcp-service-account annotation of the migration Job's KSA (deploy/k8s/common/serviceaccount.yaml)."
+  value       = google_service_account.migrate.email
 }
 
-output "kubectl_create_database_secret" {
-  description = "Creates the Kubernetes Secret the dispatcher and the migration Job read."
+output "database_users" {
+  description = "The IAM database users (PostgreSQL role names), by workload."
+  value       = local.db_users
+}
+
+output "database_urls" {
+  description = "DATABASE_URL per workload, through a proxy on 127.0.0.1:5432. No password: not secret."
+  value       = local.database_urls
+}
+
+output "database_bootstrap_command" {
+  description = "The one-time bootstrap (deploy/sql/bootstrap.sql), run by an administrator through a local proxy; see deploy/README.md."
   value       = <<-EOT
-    kubectl -n ${var.gke_namespace} create secret generic pubsub-outbox-database \
-      --from-literal=DATABASE_URL="$(gcloud secrets versions access latest --project ${var.project_id} --secret ${google_secret_manager_secret.dispatcher_database_url.secret_id})"
+    psql "host=127.0.0.1 port=5432 dbname=${var.db_name} user=postgres" -v ON_ERROR_STOP=1 \
+      -v migrator='${local.db_users["migrate"]}' \
+      -v dispatcher='${local.db_users["dispatcher"]}' \
+      -v producer='${local.db_users["producer"]}' \
+      -f deploy/sql/bootstrap.sql
   EOT
 }

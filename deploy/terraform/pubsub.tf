@@ -6,6 +6,8 @@ resource "google_pubsub_topic" "outbox" {
   name = each.value
   # Topic-level retention keeps messages for replay (seek) regardless of subscriptions' acks.
   message_retention_duration = var.topic_message_retention
+  # Optional CMEK (var.kms_key_name); null: Google-managed encryption.
+  kms_key_name = var.kms_key_name
 
   dynamic "message_storage_policy" {
     for_each = length(var.topic_persistence_regions) > 0 ? [1] : []

@@ -6,11 +6,12 @@ locals {
     "cloudscheduler.googleapis.com",    # the producer's schedule
     "compute.googleapis.com",           # Private Service Access address, Direct VPC egress
     "iam.googleapis.com",               # service accounts
+    "monitoring.googleapis.com",        # the producer alert policy
     "pubsub.googleapis.com",            # topics
     "run.googleapis.com",               # the producer job
-    "secretmanager.googleapis.com",     # streams file, database URLs
+    "secretmanager.googleapis.com",     # the streams file
     "servicenetworking.googleapis.com", # Private Service Access
-    "sqladmin.googleapis.com",          # Cloud SQL; also called by the Auth Proxy and Cloud Run's /cloudsql
+    "sqladmin.googleapis.com",          # Cloud SQL; also called by the Auth Proxies
   ]
 }
 

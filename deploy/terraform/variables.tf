@@ -106,6 +106,22 @@ variable "run_subnetwork" {
 
 # ---- Cloud SQL ----------------------------------------------------------------------------------
 
+variable "postgres_version" {
+  description = <<-EOT
+    Cloud SQL database_version of a new instance. POSTGRES_17 by default: 15 reaches community end
+    of life in November 2027. The schema and the roles migration are tested on 15 (the version
+    the development machines have) and written for 15 to 18. Changing it on an existing instance
+    is a major version upgrade (in place, with downtime): read deploy/README.md first.
+  EOT
+  type        = string
+  default     = "POSTGRES_17"
+
+  validation {
+    condition     = contains(["POSTGRES_15", "POSTGRES_16", "POSTGRES_17", "POSTGRES_18"], var.postgres_version)
+    error_message = "postgres_version: one of POSTGRES_15, POSTGRES_16, POSTGRES_17, POSTGRES_18."
+  }
+}
+
 variable "db_tier" {
   description = "Cloud SQL machine type (Enterprise edition)."
   type        = string
@@ -139,10 +155,20 @@ variable "db_name" {
   default     = "outbox"
 }
 
-variable "db_user" {
-  description = "Built-in PostgreSQL user of both binaries (it owns the schema: they run migrations)."
+variable "kms_key_name" {
+  description = <<-EOT
+    Optional CMEK (projects/P/locations/L/keyRings/R/cryptoKeys/K) for the Cloud SQL instance and
+    the topics; null: Google-managed keys. The Cloud SQL and Pub/Sub service agents need
+    roles/cloudkms.cryptoKeyEncrypterDecrypter on it. Cloud SQL takes it only at creation.
+  EOT
   type        = string
-  default     = "outbox"
+  default     = null
+}
+
+variable "enable_pgaudit" {
+  description = "Turn on pgAudit for DDL and role changes (never statement parameters); then CREATE EXTENSION pgaudit once."
+  type        = bool
+  default     = false
 }
 
 variable "deletion_protection" {
@@ -169,6 +195,18 @@ variable "gke_service_account" {
   description = "Kubernetes service account of the dispatcher (deploy/k8s/common/serviceaccount.yaml)."
   type        = string
   default     = "pubsub-outbox-dispatcher"
+}
+
+variable "gke_migrate_service_account" {
+  description = "Kubernetes service account of the migration Job (deploy/k8s/common/serviceaccount.yaml)."
+  type        = string
+  default     = "pubsub-outbox-migrate"
+}
+
+variable "cloud_sql_proxy_image" {
+  description = "Cloud SQL Auth Proxy image of the producer job's sidecar; pin it by digest at release (same version as deploy/k8s)."
+  type        = string
+  default     = "gcr.io/cloud-sql-connectors/cloud-sql-proxy:2.18.2"
 }
 
 # ---- BigQuery (the producer) --------------------------------------------------------------------
@@ -232,13 +270,28 @@ variable "producer_max_retries" {
 }
 
 variable "producer_timeout" {
-  description = "Longest one task attempt may run (e.g. \"3600s\"); keep it below the schedule interval."
+  description = <<-EOT
+    Longest one task attempt may run, e.g. "600s". Keep it below the schedule interval (15 minutes
+    by default), so an execution ends before the next tick starts another; the check below
+    enforces it for "*/N * * * *" schedules.
+  EOT
   type        = string
-  default     = "3600s"
+  default     = "600s"
 
   validation {
     condition     = can(regex("^[0-9]+s$", var.producer_timeout))
-    error_message = "producer_timeout: whole seconds with an s suffix, e.g. \"3600s\"."
+    error_message = "producer_timeout: whole seconds with an s suffix, e.g. \"600s\"."
+  }
+}
+
+check "producer_timeout_below_schedule" {
+  assert {
+    # Only "*/N * * * *" schedules are compared (try: any other form passes).
+    condition = try(
+      tonumber(trimsuffix(var.producer_timeout, "s")) < 60 * tonumber(regex("^\\*/([0-9]+) ", var.producer_schedule)[0]),
+      true,
+    )
+    error_message = "producer_timeout must be shorter than the producer_schedule interval."
   }
 }
 
@@ -254,6 +307,14 @@ variable "producer_memory" {
   default     = "512Mi"
 }
 
+# ---- monitoring ---------------------------------------------------------------------------------
+
+variable "alert_notification_channels" {
+  description = "Cloud Monitoring notification channel ids (projects/P/notificationChannels/N) for the producer alert."
+  type        = list(string)
+  default     = []
+}
+
 # ---- derived ------------------------------------------------------------------------------------
 
 locals {
@@ -261,4 +322,12 @@ locals {
   bigquery_project_id = coalesce(var.bigquery_project_id, var.project_id)
   # GKE's Workload Identity member for the dispatcher's Kubernetes service account.
   dispatcher_workload_identity_member = "serviceAccount:${local.gke_project_id}.svc.id.goog[${var.gke_namespace}/${var.gke_service_account}]"
+  migrate_workload_identity_member    = "serviceAccount:${local.gke_project_id}.svc.id.goog[${var.gke_namespace}/${var.gke_migrate_service_account}]"
+  # The IAM database users (cloudsql.tf) and the DATABASE_URLs through a proxy on 127.0.0.1:5432.
+  # No password: the proxy (--auto-iam-authn) logs in with the workload's token. sslmode=disable
+  # is the pod- or task-local hop; the proxy encrypts (TLS 1.3, client certificate) to Cloud SQL.
+  db_users              = { for k, u in google_sql_user.workload : k => u.name }
+  database_url_template = "postgres://%s@127.0.0.1:5432/${var.db_name}?sslmode=disable"
+  database_urls         = { for k, name in local.db_users : k => format(local.database_url_template, urlencode(name)) }
+  producer_database_url = local.database_urls["producer"]
 }

@@ -9,14 +9,10 @@ terraform {
       source  = "hashicorp/google"
       version = "~> 6.0"
     }
-    random = {
-      source  = "hashicorp/random"
-      version = "~> 3.6"
-    }
   }
 
-  # The state holds the database password (random_password, google_sql_user and the secret
-  # versions): keep it in an access-controlled bucket, not on a laptop.
+  # The state holds no password (every workload uses IAM database authentication), but it does
+  # hold the streams file and the whole inventory: keep it in an access-controlled bucket.
   # backend "gcs" {
   #   bucket = "TFSTATE_BUCKET"
   #   prefix = "pubsub-outbox"
