@@ -9,7 +9,7 @@ use outbox_runtime::db::DatabaseArgs;
 use outbox_runtime::telemetry::TelemetryArgs;
 
 use crate::bigquery::{Credentials, Timeouts};
-use crate::job::{OnOverlap, Settings, executor_id};
+use crate::settings::{OnOverlap, Settings, executor_id};
 
 /// pubsub-outbox producer: enqueues new BigQuery rows into pubsub_outbox, exactly once per row.
 ///
@@ -162,7 +162,6 @@ impl Cli {
             task_index: r.task_index,
             task_count: r.task_count,
             only_streams: r.streams.clone(),
-            fail_after_chunks: None,
         }
     }
 

@@ -9,15 +9,19 @@
 //! - JSON columns must be inserted as JSON *text* (an object is stored as its Python repr);
 //! - a column named like a reserved word (`by`) silently empties `SELECT *`: avoid such names.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use gcp_bigquery_client::Client;
 use gcp_bigquery_client::model::dataset::Dataset;
+use gcp_bigquery_client::model::get_query_results_parameters::GetQueryResultsParameters;
+use gcp_bigquery_client::model::get_query_results_response::GetQueryResultsResponse;
 use gcp_bigquery_client::model::query_request::QueryRequest;
 use gcp_bigquery_client::model::query_response::QueryResponse;
 use gcp_bigquery_client::model::table::Table;
 use gcp_bigquery_client::model::table_data_insert_all_request::TableDataInsertAllRequest;
 use gcp_bigquery_client::model::table_field_schema::TableFieldSchema;
 use gcp_bigquery_client::model::table_schema::TableSchema;
-use outbox_producer::bigquery::{self, Credentials};
+use outbox_producer::bigquery::{self, Api, ApiError, Credentials};
 
 use crate::env;
 
@@ -138,5 +142,67 @@ impl Drop for TestTable {
             });
         });
         let _ = handle.join();
+    }
+}
+
+/// A BigQuery API that answers like `inner` for the first `pages` result pages, then refuses
+/// every call: a run through it fails right after committing `pages` chunks, as a crash would.
+#[derive(Debug)]
+pub struct FailAfterPages<A> {
+    inner: A,
+    pages: usize,
+    served: AtomicUsize,
+}
+
+impl<A> FailAfterPages<A> {
+    /// Serves `pages` complete result pages from `inner`, then fails.
+    pub fn new(inner: A, pages: usize) -> Self {
+        Self {
+            inner,
+            pages,
+            served: AtomicUsize::new(0),
+        }
+    }
+
+    /// The refusal every call gets once the pages are served.
+    pub fn message(&self) -> String {
+        format!("injected failure after {} page(s)", self.pages)
+    }
+
+    fn check(&self) -> Result<(), ApiError> {
+        if self.served.load(Ordering::SeqCst) >= self.pages {
+            return Err(ApiError::refused(self.message()));
+        }
+        Ok(())
+    }
+
+    fn count(&self, complete: Option<bool>) {
+        if complete == Some(true) {
+            self.served.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl<A: Api> Api for FailAfterPages<A> {
+    async fn query(&self, project: &str, request: QueryRequest) -> Result<QueryResponse, ApiError> {
+        self.check()?;
+        let response = self.inner.query(project, request).await?;
+        self.count(response.job_complete);
+        Ok(response)
+    }
+
+    async fn get_query_results(
+        &self,
+        project: &str,
+        job_id: &str,
+        params: GetQueryResultsParameters,
+    ) -> Result<GetQueryResultsResponse, ApiError> {
+        self.check()?;
+        let response = self
+            .inner
+            .get_query_results(project, job_id, params)
+            .await?;
+        self.count(response.job_complete);
+        Ok(response)
     }
 }

@@ -188,7 +188,7 @@ impl<A: Api> BigQuery<A> {
                     .with_jitter(),
             )
             .when(|e| e.kind == ApiErrorKind::Transient)
-            .notify(|e, wait| tracing::warn!(error = %e, retry_in = ?wait, call = what, "BigQuery call failed; retrying"))
+            .notify(|e, wait| tracing::warn!(error = %e, retry_in = ?wait, call = what, "A BigQuery call failed; retrying."))
             .await
     }
 }
@@ -268,7 +268,7 @@ impl<A: Api> Pages<'_, A> {
                     self.job_id, self.bq.timeouts.job
                 )));
             }
-            tracing::debug!(job = %self.job_id, "BigQuery job still running");
+            tracing::debug!(job = %self.job_id, "The BigQuery job is still running.");
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(2));
         }
@@ -318,7 +318,7 @@ fn check_errors(
         .collect::<Vec<_>>()
         .join("; ");
     if schema.is_some_and(|s| s.field_count() > 0) {
-        tracing::warn!(warnings = %message, "BigQuery reported problems with a successful result");
+        tracing::warn!(warnings = %message, "BigQuery reported problems with a successful result; the result is used.");
         return Ok(());
     }
     Err(PagesError::Query(message))

@@ -261,11 +261,10 @@ async fn the_query_carries_its_parameters_cost_guard_and_page_size() {
     let bq = BigQuery::new(fake, "p", fast());
     let spec = QuerySpec {
         query: "SELECT @watermark_ts, @watermark_key".into(),
-        params: crate::cursor::Position {
-            micros: 5,
-            key: crate::cursor::Key::Str("k".into()),
-        }
-        .parameters(),
+        params: vec![
+            super::super::parameter("watermark_ts", "INT64", "5".into()),
+            super::super::parameter("watermark_key", "STRING", "k".into()),
+        ],
         location: Some("EU".into()),
         maximum_bytes_billed: Some(1_000_000),
         page_size: 250,
