@@ -125,8 +125,9 @@ pub struct BigQueryArgs {
     /// Unset: BigQuery itself.
     #[arg(global = true, long, env = "BIGQUERY_EMULATOR_HOST")]
     pub bigquery_endpoint: Option<String>,
-    /// Credentials: auto (anonymous with an endpoint override, else Application Default
-    /// Credentials: Workload Identity / the Cloud Run service account / a key file), adc, anonymous.
+    /// Credentials: auto (anonymous with a plain-HTTP endpoint override such as an emulator, else
+    /// Application Default Credentials: Workload Identity / the Cloud Run service account / a key
+    /// file; an https endpoint, e.g. a regional one, uses ADC), adc, anonymous.
     #[arg(
         global = true,
         long,

@@ -16,6 +16,12 @@
 //!   could lose rows).
 //! - **Monotonic watermark**: it only moves to a position greater than the stored one (with a
 //!   lookback, early pages re-read old rows and leave it alone).
+//! - **Lookback without re-publishing**: a stream with a lookback remembers the dedupe keys it
+//!   committed in `producer_lookback_key` (same transaction as the page) and skips re-read rows
+//!   whose key it remembers, even once the dispatcher has published and deleted them; keys below
+//!   `watermark − lookback` are pruned when a run starts. Streams without a lookback write none.
+//! - **An honest run ledger**: holding the lock, a run first closes the stream's runs still
+//!   marked `running` as `abandoned` (their execution died: nobody else can hold the lock).
 
 use std::time::Instant;
 
@@ -23,13 +29,14 @@ use outbox_runtime::shutdown::Shutdown;
 use outbox_shared::NewMessage;
 use outbox_shared::store::dead_letter::{self, Rejection};
 use outbox_shared::store::run_ledger::{self, Counts, Outcome};
-use outbox_shared::store::{notify, outbox, watermark};
+use outbox_shared::store::{lookback, notify, outbox, watermark};
 use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::bigquery::{Api, BigQuery};
 use crate::config::Stream;
 use crate::cursor::Position;
 use crate::errors::{ErrorKind, InStream, StreamError};
+use crate::mapping::MappedRow;
 use crate::reader::StreamQuery;
 use crate::report::{Progress, StreamOutcome, StreamSummary};
 use crate::settings::{OnOverlap, Settings};
@@ -82,6 +89,30 @@ pub async fn run_stream<A: Api>(
             })?,
         ),
     };
+    // Holding the lock, nobody else runs this stream: a `running` row is a dead execution's.
+    let reason = format!(
+        "its execution ended without closing the run (killed?); closed by {} when it took the stream's lock",
+        settings.executor
+    );
+    let abandoned = run_ledger::abandon_running(&mut conn, name, &reason)
+        .await
+        .in_stream(name)?;
+    if !abandoned.is_empty() {
+        tracing::warn!(stream = name, runs = ?abandoned, "Closed runs of a dead execution as abandoned; this run resumes from the last committed page.");
+    }
+    // Keys below (watermark - lookback) are never re-read; a stream without a lookback keeps none.
+    let below = match (stream.lookback, &stored) {
+        (Some(back), Some(p)) => Some(Some(
+            Position::lower_bound(Some(p), Some(back), stream.cursor.key_type).micros,
+        )),
+        (Some(_), None) => None,
+        (None, _) => Some(None),
+    };
+    if let Some(below) = below {
+        lookback::prune(&mut conn, name, below)
+            .await
+            .in_stream(name)?;
+    }
     let run_id = run_ledger::start(&mut conn, name, &settings.executor, stored_cursor.as_ref())
         .await
         .in_stream(name)?;
@@ -177,16 +208,7 @@ impl Run<'_> {
             if page.is_empty() {
                 continue;
             }
-            let fetched = page.len() as u64;
-            let (mut accepted, mut rejected) = (Vec::new(), Vec::new());
-            for mapped in page {
-                match mapped.outcome {
-                    Ok(m) => accepted.push(m),
-                    Err(r) => rejected.push(r),
-                }
-            }
-            self.commit_chunk(&accepted, &rejected, rows.last(), fetched)
-                .await?;
+            self.commit_chunk(page, rows.last()).await?;
             self.chunks += 1;
             progress.tick(name, self.summary.fetched, self.high.as_ref());
             if shutdown.is_requested() {
@@ -204,23 +226,44 @@ impl Run<'_> {
     /// One page, one transaction (see the module doc).
     async fn commit_chunk(
         &mut self,
-        accepted: &[NewMessage],
-        rejected: &[Rejection],
+        page: Vec<MappedRow>,
         last: &Position,
-        fetched: u64,
     ) -> Result<(), StreamError> {
         let name = self.stream.name.as_str();
         let run_id = self.summary.run_id.unwrap_or_default();
+        let fetched = page.len() as u64;
         let mut tx = self
             .conn
             .begin()
             .await
             .map_err(|e| StreamError::database(name, "starting a chunk transaction", e))?;
-        let enqueued = outbox::enqueue_batch(&mut tx, accepted)
+        // With a lookback, rows this stream already committed are skipped here, whether or not
+        // their outbox row still exists (the dispatcher deletes published rows).
+        let remembered = if self.stream.lookback.is_some() {
+            let keys: Vec<(&str, i64)> = page
+                .iter()
+                .map(|m| (dedupe_key(&m.outcome), m.position.micros))
+                .collect();
+            lookback::remember(&mut tx, name, &keys)
+                .await
+                .in_stream(name)?
+        } else {
+            vec![true; page.len()]
+        };
+        let (mut accepted, mut rejected) = (Vec::new(), Vec::new());
+        let mut seen_before = 0u64;
+        for (mapped, new) in page.into_iter().zip(remembered) {
+            match (new, mapped.outcome) {
+                (false, _) => seen_before += 1,
+                (true, Ok(m)) => accepted.push(m),
+                (true, Err(r)) => rejected.push(r),
+            }
+        }
+        let enqueued = outbox::enqueue_batch(&mut tx, &accepted)
             .await
             .in_stream(name)?;
         let dead_lettered =
-            dead_letter::insert_rejected(&mut tx, &format!("producer:{name}"), rejected)
+            dead_letter::insert_rejected(&mut tx, &format!("producer:{name}"), &rejected)
                 .await
                 .in_stream(name)?;
         let advance = self.high.as_ref().is_none_or(|high| last > high);
@@ -233,7 +276,7 @@ impl Run<'_> {
                 tracing::warn!(stream = name, stored = ?stored, wanted = ?cursor, "The stored watermark is ahead of this run; kept it.");
             }
         }
-        let already_rejected = rejected.len() as u64 - dead_lettered;
+        let already_rejected = rejected.len() as u64 - dead_lettered + seen_before;
         let counts = Counts {
             fetched: fetched as i64,
             enqueued: enqueued.inserted as i64,
@@ -260,5 +303,13 @@ impl Run<'_> {
         self.summary.rejected += dead_lettered;
         tracing::debug!(stream = name, batch.size = fetched, enqueued = enqueued.inserted, rejected = dead_lettered, watermark = %last, "Chunk committed.");
         Ok(())
+    }
+}
+
+/// The dedupe key a row is enqueued (or dead-lettered) under.
+fn dedupe_key(outcome: &Result<NewMessage, Rejection>) -> &str {
+    match outcome {
+        Ok(m) => &m.dedupe_key,
+        Err(r) => &r.message.dedupe_key,
     }
 }

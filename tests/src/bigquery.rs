@@ -21,22 +21,36 @@ use gcp_bigquery_client::model::table::Table;
 use gcp_bigquery_client::model::table_data_insert_all_request::TableDataInsertAllRequest;
 use gcp_bigquery_client::model::table_field_schema::TableFieldSchema;
 use gcp_bigquery_client::model::table_schema::TableSchema;
-use outbox_producer::bigquery::{self, Api, ApiError, Credentials};
+use outbox_producer::bigquery::{self, Api, ApiError, Credentials, Rest};
 
 use crate::env;
 
-/// A client on the emulator (anonymous credentials).
+/// gcp-bigquery-client's client on the emulator (anonymous credentials), for tables and rows.
 pub async fn client() -> Client {
-    bigquery::connect(Some(&env::bigquery_emulator_host()), Credentials::Anonymous)
+    bigquery::client(Some(&env::bigquery_emulator_host()), Credentials::Anonymous)
         .await
         .expect("a BigQuery client for the emulator builds")
+}
+
+/// The producer's BigQuery API on `endpoint` (anonymous credentials).
+pub async fn api_at(endpoint: &str) -> Rest {
+    bigquery::connect(Some(endpoint), Credentials::Anonymous)
+        .await
+        .expect("the producer's BigQuery API for the emulator builds")
+}
+
+/// The producer's BigQuery API on the emulator.
+pub async fn api() -> Rest {
+    api_at(&env::bigquery_emulator_host()).await
 }
 
 /// A dataset with one table, created for one test and deleted on drop.
 #[derive(Clone)]
 pub struct TestTable {
-    /// The client used.
+    /// The client used to create and fill the table.
     pub client: Client,
+    /// The producer's BigQuery API on the same emulator.
+    pub api: Rest,
     /// Project id.
     pub project: String,
     /// Dataset id (unique per test).
@@ -75,6 +89,7 @@ impl TestTable {
             .expect("bqemulator creates the table");
         Self {
             client,
+            api: api().await,
             project,
             dataset,
             table,

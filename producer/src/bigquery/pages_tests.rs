@@ -17,6 +17,7 @@ struct Fake {
     query: Mutex<VecDeque<Result<QueryResponse, ApiError>>>,
     results: Mutex<VecDeque<Result<GetQueryResultsResponse, ApiError>>>,
     tokens_asked: Mutex<Vec<Option<String>>>,
+    results_params: Mutex<Vec<GetQueryResultsParameters>>,
     requests: Mutex<Vec<QueryRequest>>,
 }
 
@@ -43,7 +44,8 @@ impl Api for Fake {
         self.tokens_asked
             .lock()
             .expect("lock")
-            .push(params.page_token);
+            .push(params.page_token.clone());
+        self.results_params.lock().expect("lock").push(params);
         self.results
             .lock()
             .expect("lock")
@@ -149,6 +151,22 @@ async fn pages_are_read_in_order_following_page_tokens() {
     let bq = BigQuery::new(fake, "p", fast());
     let (pages, bytes) = collect(&bq).await.expect("all pages read");
     assert_eq!(pages, vec![vec![1, 2], vec![3, 4], vec![5]]);
+    let query = serde_json::to_value(&bq.api.requests.lock().expect("lock")[0]).expect("json");
+    assert_eq!(
+        query["formatOptions"],
+        json!({"useInt64Timestamp": true}),
+        "jobs.query asks for exact timestamps"
+    );
+    for params in bq.api.results_params.lock().expect("lock").iter() {
+        assert_eq!(
+            params
+                .format_options
+                .as_ref()
+                .and_then(|f| f.use_int64_timestamp),
+            Some(true),
+            "every getQueryResults page asks for exact timestamps"
+        );
+    }
     assert_eq!(bytes, Some(1234));
     assert_eq!(
         *bq.api.tokens_asked.lock().expect("lock"),
