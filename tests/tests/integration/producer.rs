@@ -1158,3 +1158,55 @@ async fn assert_nothing_written(db: &TestDb, stream: &str) {
         .expect("count dead letters");
     assert_eq!(dead, 0, "nothing dead-lettered");
 }
+
+// ---------------------------------------------------------------- measurements
+
+/// What a lookback costs: the same 10,000 rows enqueued by a first run without and with a
+/// lookback (each on a fresh database), 3 rounds interleaved, medians printed. Not a test of a
+/// target: run it by name with `-- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "a measurement; run it by name"]
+async fn measure_the_cost_of_a_lookback() {
+    let rows = 10_000;
+    let table = TestTable::create(orders_schema()).await;
+    table
+        .insert(&(1..=rows).map(|i| order(i, i * 1_000)).collect::<Vec<_>>())
+        .await;
+    let mut times: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut key_bytes = 0i64;
+    for round in 0..3 {
+        for (i, extra) in ["", "lookback = \"1h\""].into_iter().enumerate() {
+            let db = TestDb::new().await;
+            let config = load(&orders_toml(&table, "cost", extra));
+            let started = std::time::Instant::now();
+            let report = run_all(&db, &table, &config, &settings(1000)).await;
+            let secs = started.elapsed().as_secs_f64();
+            assert_eq!(summary(&report, 0).enqueued, rows as u64);
+            times[i].push(secs);
+            if i == 1 {
+                key_bytes =
+                    sqlx::query_scalar("SELECT pg_total_relation_size('producer_lookback_key')")
+                        .fetch_one(&db.pool)
+                        .await
+                        .expect("size");
+            }
+            println!(
+                "round {round} {:<12} {rows} rows in {secs:.3} s ({:.0} rows/s)",
+                if i == 0 { "no lookback" } else { "lookback 1h" },
+                rows as f64 / secs
+            );
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (plain, lookback) = (median(&mut times[0]), median(&mut times[1]));
+    println!(
+        "median: no lookback {plain:.3} s, lookback {lookback:.3} s: +{:.1} % ({:.1} µs per row); \
+         producer_lookback_key {} KiB for {rows} keys",
+        (lookback / plain - 1.0) * 100.0,
+        (lookback - plain) * 1e6 / rows as f64,
+        key_bytes / 1024
+    );
+}
