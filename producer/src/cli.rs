@@ -9,7 +9,7 @@ use outbox_runtime::db::DatabaseArgs;
 use outbox_runtime::telemetry::TelemetryArgs;
 
 use crate::bigquery::{Credentials, Timeouts};
-use crate::job::{OnOverlap, Settings, executor_id};
+use crate::settings::{OnOverlap, Settings, executor_id};
 
 /// pubsub-outbox producer: enqueues new BigQuery rows into pubsub_outbox, exactly once per row.
 ///
@@ -125,8 +125,9 @@ pub struct BigQueryArgs {
     /// Unset: BigQuery itself.
     #[arg(global = true, long, env = "BIGQUERY_EMULATOR_HOST")]
     pub bigquery_endpoint: Option<String>,
-    /// Credentials: auto (anonymous with an endpoint override, else Application Default
-    /// Credentials: Workload Identity / the Cloud Run service account / a key file), adc, anonymous.
+    /// Credentials: auto (anonymous with a plain-HTTP endpoint override such as an emulator, else
+    /// Application Default Credentials: Workload Identity / the Cloud Run service account / a key
+    /// file; an https endpoint, e.g. a regional one, uses ADC), adc, anonymous.
     #[arg(
         global = true,
         long,
@@ -162,7 +163,6 @@ impl Cli {
             task_index: r.task_index,
             task_count: r.task_count,
             only_streams: r.streams.clone(),
-            fail_after_chunks: None,
         }
     }
 

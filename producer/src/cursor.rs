@@ -14,7 +14,7 @@ use crate::bigquery::parameter;
 use crate::config::KeyType;
 
 /// `0001-01-01T00:00:00Z`, BigQuery's earliest TIMESTAMP, in UNIX microseconds.
-pub const MIN_MICROS: i64 = -62_135_596_800_000_000;
+pub const MIN_MICROS: i64 = crate::decimal::MIN_TIMESTAMP_MICROS;
 
 /// A tie-breaker value.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

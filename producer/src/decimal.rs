@@ -5,6 +5,16 @@
 //! Nothing here goes through `f64`: the digits are kept as text and shifted by the exponent, so a
 //! 77-digit BIGNUMERIC survives exactly and equal values always render the same way.
 
+/// `0001-01-01T00:00:00Z`, BigQuery's earliest TIMESTAMP, in UNIX microseconds.
+pub const MIN_TIMESTAMP_MICROS: i64 = -62_135_596_800_000_000;
+
+/// `9999-12-31T23:59:59.999999Z`, BigQuery's latest TIMESTAMP, in UNIX microseconds.
+pub const MAX_TIMESTAMP_MICROS: i64 = 253_402_300_799_999_999;
+
+/// How far past either end of the range a float-seconds cell may round (one millisecond: far
+/// more than a double's spacing there, ~31 µs, and far less than any real distance).
+const FLOAT_SLACK_MICROS: i64 = 1_000;
+
 /// Longest plain rendering accepted (BIGNUMERIC needs 78 characters; leave headroom, refuse
 /// absurd exponents such as `1E999999999` instead of allocating them).
 const MAX_PLAIN_LEN: usize = 200;
@@ -138,15 +148,38 @@ impl Decimal {
 }
 
 /// Parses a TIMESTAMP cell in either wire form into UNIX microseconds: integer microseconds
-/// (`formatOptions.useInt64Timestamp`, and bqemulator always) or float seconds (`"1.7934912E9"`,
-/// real BigQuery's default). An integer text is microseconds; anything with a point or an
-/// exponent is seconds (BigQuery renders float seconds like Java's `Double.toString`).
+/// (`formatOptions.useInt64Timestamp`, which the producer asks for on every call, and bqemulator
+/// always) or float seconds (`"1.7934912E9"`, `"1793491200.5"`: real BigQuery's default, kept as
+/// a fallback). An integer text is microseconds; anything with a point or an exponent is seconds.
+///
+/// Float seconds are exact below 2^33 s (year 2242); above, a double is up to ~31 µs coarse and
+/// the nearest microsecond is the best answer there is. A float that rounded just past either end
+/// of BigQuery's range (`9999-12-31 23:59:59.999999` becomes `2.534023008E11`, one microsecond
+/// later) is the end itself: BigQuery holds nothing beyond it. Anything else outside
+/// 0001-01-01..9999-12-31 is refused.
 pub fn timestamp_micros(text: &str) -> Result<i64, DecimalError> {
     let body = text.strip_prefix('-').unwrap_or(text);
-    if !body.is_empty() && body.bytes().all(|b| b.is_ascii_digit()) {
-        return text.parse::<i64>().map_err(|_| DecimalError::Range);
+    let micros = if !body.is_empty() && body.bytes().all(|b| b.is_ascii_digit()) {
+        text.parse::<i64>().map_err(|_| DecimalError::Range)?
+    } else {
+        let micros = Decimal::parse(text)?
+            .to_micros()
+            .ok_or(DecimalError::Range)?;
+        if micros > MAX_TIMESTAMP_MICROS && micros - MAX_TIMESTAMP_MICROS <= FLOAT_SLACK_MICROS {
+            MAX_TIMESTAMP_MICROS
+        } else if micros < MIN_TIMESTAMP_MICROS
+            && MIN_TIMESTAMP_MICROS - micros <= FLOAT_SLACK_MICROS
+        {
+            MIN_TIMESTAMP_MICROS
+        } else {
+            micros
+        }
+    };
+    if (MIN_TIMESTAMP_MICROS..=MAX_TIMESTAMP_MICROS).contains(&micros) {
+        Ok(micros)
+    } else {
+        Err(DecimalError::Range)
     }
-    Decimal::parse(text)?.to_micros().ok_or(DecimalError::Range)
 }
 
 #[cfg(test)]

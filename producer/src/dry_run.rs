@@ -15,58 +15,38 @@ use sqlx::PgPool;
 use crate::bigquery::{Api, BigQuery};
 use crate::config::Stream;
 use crate::cursor::Position;
-use crate::errors::{Error, InStream};
-use crate::job::Settings;
-use crate::mapping::Mapper;
+use crate::errors::{InStream, StreamError};
+use crate::reader::StreamQuery;
 use crate::report::{StreamOutcome, StreamSummary};
-use crate::run::{db_error, order_error, pages_error, query_spec};
+use crate::settings::Settings;
 
-pub(crate) async fn dry_run_stream<A: Api>(
+/// Dry-runs `stream`: what a run would enqueue or reject, with samples; writes nothing.
+#[tracing::instrument(skip_all, fields(stream = %stream.name))]
+pub async fn dry_run_stream<A: Api>(
     pool: &PgPool,
     bq: &BigQuery<A>,
     stream: &Stream,
     settings: &Settings,
-) -> Result<StreamSummary, Error> {
+) -> Result<StreamSummary, StreamError> {
     let name = stream.name.as_str();
     let started = Instant::now();
     let mut conn = pool
         .acquire()
         .await
-        .map_err(|e| db_error(name, "connecting for the dry run", e))?;
+        .map_err(|e| StreamError::database(name, "connecting for the dry run", e))?;
     let stored = watermark::get(&mut conn, name).await.in_stream(name)?;
     drop(conn);
     let stored = stored.and_then(|c| Position::from_cursor(&c, stream.cursor.key_type));
-    let lower = Position::lower_bound(stored.as_ref(), stream.lookback, stream.cursor.key_type);
-    let spec = query_spec(stream, &lower, settings.page_size);
+    let query = StreamQuery::new(stream, stored.as_ref(), settings.page_size);
 
-    let estimate = bq
-        .estimate_bytes(&spec)
-        .await
-        .map_err(|e| pages_error(name, e))?;
-    tracing::info!(stream = name, estimated_bytes = estimate, from = %lower, "dry run: BigQuery's estimate of the bytes the query processes");
+    let estimate = query.estimate_bytes(bq).await?;
+    tracing::info!(stream = name, estimated_bytes = estimate, from = %query.lower(), "Dry run: BigQuery estimates the bytes the query processes.");
     let mut summary = StreamSummary::new(name, StreamOutcome::DryRun);
     summary.bytes_processed = estimate;
 
-    let mut pages = bq.open(&spec).await.map_err(|e| pages_error(name, e))?;
-    let mapper = Mapper::new(
-        stream,
-        pages.schema(),
-        &settings.dedupe_attribute,
-        &settings.pubsub_project,
-    )?;
-    let mut previous = lower;
-    while let Some(rows) = pages.next_page().await.map_err(|e| pages_error(name, e))? {
-        for row in &rows {
-            let mapped = mapper.map_row(row)?;
-            if mapped.position <= previous {
-                return Err(order_error(
-                    name,
-                    &previous,
-                    &mapped.position,
-                    summary.fetched == 0,
-                ));
-            }
-            previous = mapped.position;
+    let mut rows = query.open(bq, settings).await?;
+    while let Some(page) = rows.next_page().await? {
+        for mapped in page {
             summary.fetched += 1;
             let sample = match mapped.outcome {
                 Ok(m) => {
@@ -83,11 +63,11 @@ pub(crate) async fn dry_run_stream<A: Api>(
             }
         }
     }
-    if summary.fetched > 0 {
-        summary.watermark = Some(previous);
+    summary.watermark = if rows.rows() > 0 {
+        Some(rows.last().clone())
     } else {
-        summary.watermark = stored;
-    }
+        stored
+    };
     summary.elapsed = started.elapsed();
     Ok(summary)
 }

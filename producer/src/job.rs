@@ -3,79 +3,19 @@
 //! Cloud Run Jobs run `CLOUD_RUN_TASK_COUNT` tasks in parallel; task `CLOUD_RUN_TASK_INDEX` takes
 //! the streams at positions `i` (sorted by name) where `i % count == index`. Streams of a task run
 //! one after the other; a failed stream does not stop the others, but makes the exit code 1.
-
-use std::time::Duration;
+//! The job chooses the mode of each stream's run: [`run_stream`] or, with `--dry-run`,
+//! [`dry_run_stream`].
 
 use outbox_runtime::shutdown::Shutdown;
 use sqlx::PgPool;
 
 use crate::bigquery::{Api, BigQuery};
 use crate::config::{Stream, StreamsConfig};
-use crate::errors::{ConfigError, Error};
-use crate::report::{JobReport, StreamReport};
+use crate::dry_run::dry_run_stream;
+use crate::errors::{ConfigError, ErrorKind, StreamError};
+use crate::report::{JobReport, StreamReport, StreamSummary};
 use crate::run::run_stream;
-
-/// What to do when another execution is running the same stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum OnOverlap {
-    /// Exit this stream's run at once (success, outcome "skipped"); the running one does the work.
-    #[default]
-    Skip,
-    /// Wait for the other execution to finish, then read what is new after it.
-    Wait,
-}
-
-/// How the job runs (built from the command line; tests build it directly).
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// BigQuery rows per page, and so per PostgreSQL transaction.
-    pub page_size: u32,
-    /// What to do when the stream is already running elsewhere.
-    pub on_overlap: OnOverlap,
-    /// Read and map, but write nothing.
-    pub dry_run: bool,
-    /// Sample messages a dry run reports per stream.
-    pub dry_run_sample: usize,
-    /// NOTIFY channel the dispatcher listens on.
-    pub notify_channel: String,
-    /// Attribute name the dispatcher adds with the dedupe key (counted in the limits).
-    pub dedupe_attribute: String,
-    /// Project of short topic names (empty: topics must be full names).
-    pub pubsub_project: String,
-    /// Who runs (recorded in `producer_run.executor`).
-    pub executor: String,
-    /// How often long runs log progress.
-    pub progress_interval: Duration,
-    /// This task's index among `task_count`.
-    pub task_index: usize,
-    /// Parallel tasks sharing the streams.
-    pub task_count: usize,
-    /// Only these streams (empty: all).
-    pub only_streams: Vec<String>,
-    /// Test hook: fail a stream's run right after this many committed chunks, as a crash would.
-    #[doc(hidden)]
-    pub fail_after_chunks: Option<usize>,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Self {
-            page_size: 1000,
-            on_overlap: OnOverlap::Skip,
-            dry_run: false,
-            dry_run_sample: 10,
-            notify_channel: outbox_shared::store::notify::DEFAULT_CHANNEL.to_owned(),
-            dedupe_attribute: outbox_shared::DEFAULT_DEDUPE_ATTRIBUTE.to_owned(),
-            pubsub_project: String::new(),
-            executor: executor_id(),
-            progress_interval: Duration::from_secs(10),
-            task_index: 0,
-            task_count: 1,
-            only_streams: Vec::new(),
-            fail_after_chunks: None,
-        }
-    }
-}
+use crate::settings::Settings;
 
 /// The streams this task runs: `--stream` filter first, then the task split.
 pub fn select_streams<'c>(
@@ -112,7 +52,8 @@ pub fn select_streams<'c>(
 }
 
 /// Runs this task's streams in turn and reports each. Never fails as a whole: each stream's
-/// error is logged once here and kept in the report.
+/// error is logged once here, at ERROR (an operator must act: the stream is not advancing), and
+/// kept in the report.
 pub async fn run_job<A: Api>(
     pool: &PgPool,
     bq: &BigQuery<A>,
@@ -125,21 +66,16 @@ pub async fn run_job<A: Api>(
         tracing::info!(
             task = settings.task_index,
             tasks = settings.task_count,
-            "no streams for this task"
+            "No streams for this task."
         );
     }
     for stream in streams {
-        let result = if shutdown.is_requested() {
-            Err(Error::Interrupted {
-                stream: stream.name.clone(),
-                chunks: 0,
-            })
-        } else {
-            run_stream(pool, bq, stream, settings, shutdown).await
-        };
+        let result = run_one(pool, bq, stream, settings, shutdown).await;
         match &result {
             Ok(summary) => summary.log(),
-            Err(e) => tracing::error!(stream = %stream.name, error = %e, "stream run failed"),
+            Err(e) => {
+                tracing::error!(stream = %stream.name, error = %e, "Stream run failed; fix the cause and rerun (the next run resumes from the watermark).")
+            }
         }
         report.streams.push(StreamReport {
             stream: stream.name.clone(),
@@ -149,16 +85,23 @@ pub async fn run_job<A: Api>(
     report
 }
 
-/// `CLOUD_RUN_EXECUTION/CLOUD_RUN_TASK_INDEX` on Cloud Run, else the host name.
-pub fn executor_id() -> String {
-    match std::env::var("CLOUD_RUN_EXECUTION") {
-        Ok(execution) => {
-            format!(
-                "{execution}/{}",
-                std::env::var("CLOUD_RUN_TASK_INDEX").unwrap_or_else(|_| "0".into())
-            )
-        }
-        Err(_) => std::env::var("HOSTNAME").unwrap_or_else(|_| "local".into()),
+/// One stream in the mode the settings ask for.
+async fn run_one<A: Api>(
+    pool: &PgPool,
+    bq: &BigQuery<A>,
+    stream: &Stream,
+    settings: &Settings,
+    shutdown: &Shutdown,
+) -> Result<StreamSummary, StreamError> {
+    if shutdown.is_requested() {
+        Err(StreamError::new(
+            &stream.name,
+            ErrorKind::Interrupted { chunks: 0 },
+        ))
+    } else if settings.dry_run {
+        dry_run_stream(pool, bq, stream, settings).await
+    } else {
+        run_stream(pool, bq, stream, settings, shutdown).await
     }
 }
 

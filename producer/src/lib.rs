@@ -2,15 +2,22 @@
 //! exactly once per source row, across reruns, crashes, retries and overlapping executions.
 //!
 //! Layout (data flows top to bottom):
-//! - [`cli`]: flags and env (clap); [`config`]: the streams file (TOML), validated on load.
-//! - [`job`]: one execution: this Cloud Run task's streams, run in turn ([`job::run_job`]).
+//! - [`cli`]: flags and env (clap) → [`settings`]; [`config`]: the streams file (TOML), validated
+//!   on load.
+//! - [`job`]: one execution: this Cloud Run task's streams, run in turn ([`job::run_job`]), each
+//!   in the mode the settings choose:
 //! - [`run`]: one stream's run: lock, watermark, query, one transaction per page
-//!   ([`run::run_stream`]; the exactly-once argument is in its module doc). [`dry_run`]: the same
-//!   without writing.
+//!   ([`run::run_stream`]; the exactly-once argument is in its module doc), or [`dry_run`]: the
+//!   same reading without writing. Both iterate [`reader`]: the lower bound, the query, its pages,
+//!   the mapping and the cursor-order check.
 //! - [`bigquery`]: the only code calling BigQuery: the [`bigquery::Api`] seam and the paging loop.
 //! - [`mapping`]: a result row → a message or a rejection; [`value`]: BigQuery cells → JSON;
 //!   [`decimal`]: exact NUMERIC and TIMESTAMP text; [`cursor`]: the typed stream position.
 //! - [`report`]: summaries, progress, exit code; [`errors`]: what failed and what to do.
+//!
+//! No module imports one that imports it back: `job` → `run`, `dry_run` → `reader` → `mapping`
+//! → `cursor` → `bigquery`; `settings`, `errors`, `config`, `decimal` sit below them
+//! (ARCHITECTURE.md draws the graph).
 //!
 //! All SQL lives in `outbox_shared::store` (outbox, dead_letter, watermark, run_ledger, notify).
 
@@ -19,22 +26,25 @@ pub mod cli;
 pub mod config;
 pub mod cursor;
 pub mod decimal;
-mod dry_run;
+pub mod dry_run;
 pub mod errors;
 pub mod job;
 pub mod mapping;
+mod reader;
 pub mod report;
 pub mod run;
+pub mod settings;
 pub mod value;
 
 use outbox_runtime::shutdown::Shutdown;
 
 pub use cli::{Cli, Command};
 pub use config::{LoadOptions, StreamsConfig};
-pub use errors::{ConfigError, Error};
-pub use job::{OnOverlap, Settings, run_job, select_streams};
+pub use errors::{ConfigError, ErrorKind, StreamError};
+pub use job::{run_job, select_streams};
 pub use report::{JobReport, StreamOutcome, StreamSummary};
 pub use run::run_stream;
+pub use settings::{OnOverlap, Settings};
 
 /// Why the job could not start (no stream ran).
 #[derive(Debug, thiserror::Error)]

@@ -13,7 +13,7 @@ async fn main() -> ExitCode {
     match cli.command.unwrap_or(Command::Run) {
         Command::Migrate => match outbox_producer::migrate(&cli).await {
             Ok(()) => {
-                tracing::info!("migrations applied");
+                tracing::info!("Migrations applied.");
                 ExitCode::SUCCESS
             }
             Err(e) => fail(&cli, &e.to_string(), e.exit_code()),
@@ -48,7 +48,10 @@ async fn wait(mut abort: outbox_runtime::shutdown::Shutdown) {
 /// Reports a start-up failure once: a JSON log line for Cloud Logging, plain text for people.
 fn fail(cli: &Cli, message: &str, code: u8) -> ExitCode {
     match cli.telemetry.log_format {
-        LogFormat::Json => tracing::error!(error = message, "producer failed"),
+        LogFormat::Json => tracing::error!(
+            error = message,
+            "The producer could not start; fix the error and rerun."
+        ),
         LogFormat::Text => eprintln!("error: {message}"),
     }
     ExitCode::from(code)

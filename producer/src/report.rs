@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use crate::cursor::Position;
-use crate::errors::Error;
+use crate::errors::StreamError;
 
 /// How a stream's run ended without error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,7 +76,7 @@ impl StreamSummary {
             watermark = %self.watermark.as_ref().map(ToString::to_string).unwrap_or_default(),
             bytes_processed = self.bytes_processed,
             elapsed_ms = self.elapsed.as_millis() as u64,
-            "stream summary"
+            "Stream summary."
         );
     }
 }
@@ -87,7 +87,7 @@ pub struct StreamReport {
     /// Stream name.
     pub stream: String,
     /// What happened.
-    pub result: Result<StreamSummary, Error>,
+    pub result: Result<StreamSummary, StreamError>,
 }
 
 /// Every stream this task ran.
@@ -192,7 +192,7 @@ impl Progress {
             rows,
             rows_per_sec = (rows as f64 / secs).round() as u64,
             watermark = %watermark.map(ToString::to_string).unwrap_or_default(),
-            "progress"
+            "Progress."
         );
     }
 }

@@ -12,9 +12,16 @@
 //!   dies the lock goes with it, and so does the ability to write: no second writer can slip in.
 //!   The watermark is read *after* the lock is taken.
 //! - **Order**: rows must arrive strictly increasing in `(timestamp, key)` and after the lower
-//!   bound; anything else fails the run (a query without the right ORDER BY/WHERE could lose rows).
+//!   bound; [`crate::reader`] fails the run otherwise (a query without the right ORDER BY/WHERE
+//!   could lose rows).
 //! - **Monotonic watermark**: it only moves to a position greater than the stored one (with a
 //!   lookback, early pages re-read old rows and leave it alone).
+//! - **Lookback without re-publishing**: a stream with a lookback remembers the dedupe keys it
+//!   committed in `producer_lookback_key` (same transaction as the page) and skips re-read rows
+//!   whose key it remembers, even once the dispatcher has published and deleted them; keys below
+//!   `watermark − lookback` are pruned when a run starts. Streams without a lookback write none.
+//! - **An honest run ledger**: holding the lock, a run first closes the stream's runs still
+//!   marked `running` as `abandoned` (their execution died: nobody else can hold the lock).
 
 use std::time::Instant;
 
@@ -22,19 +29,19 @@ use outbox_runtime::shutdown::Shutdown;
 use outbox_shared::NewMessage;
 use outbox_shared::store::dead_letter::{self, Rejection};
 use outbox_shared::store::run_ledger::{self, Counts, Outcome};
-use outbox_shared::store::{notify, outbox, watermark};
+use outbox_shared::store::{lookback, notify, outbox, watermark};
 use sqlx::{Connection, PgConnection, PgPool};
 
-use crate::bigquery::pages::PagesError;
-use crate::bigquery::{Api, BigQuery, QuerySpec};
+use crate::bigquery::{Api, BigQuery};
 use crate::config::Stream;
 use crate::cursor::Position;
-use crate::errors::{Error, InStream};
-use crate::job::{OnOverlap, Settings};
-use crate::mapping::Mapper;
+use crate::errors::{ErrorKind, InStream, StreamError};
+use crate::mapping::MappedRow;
+use crate::reader::StreamQuery;
 use crate::report::{Progress, StreamOutcome, StreamSummary};
+use crate::settings::{OnOverlap, Settings};
 
-/// Runs `stream` once (or dry-runs it): everything new since its watermark ends up in the outbox.
+/// Runs `stream` once: everything new since its watermark ends up in the outbox.
 // No `err` here: the job logs a failed stream once, where it is handled.
 #[tracing::instrument(skip_all, fields(stream = %stream.name))]
 pub async fn run_stream<A: Api>(
@@ -43,17 +50,14 @@ pub async fn run_stream<A: Api>(
     stream: &Stream,
     settings: &Settings,
     shutdown: &Shutdown,
-) -> Result<StreamSummary, Error> {
-    if settings.dry_run {
-        return crate::dry_run::dry_run_stream(pool, bq, stream, settings).await;
-    }
+) -> Result<StreamSummary, StreamError> {
     let name = stream.name.as_str();
     let started = Instant::now();
     // Detached: the lock must not outlive this run in a pooled connection.
     let mut conn = pool
         .acquire()
         .await
-        .map_err(|e| db_error(name, "connecting for the run", e))?
+        .map_err(|e| StreamError::database(name, "connecting for the run", e))?
         .detach();
     if !watermark::lock(&mut conn, name, false)
         .await
@@ -64,7 +68,7 @@ pub async fn run_stream<A: Api>(
             OnOverlap::Wait => {
                 tracing::info!(
                     stream = name,
-                    "another execution of this stream is running; waiting for it (--on-overlap wait)"
+                    "Another execution of this stream is running; waiting for it (--on-overlap wait)."
                 );
                 watermark::lock(&mut conn, name, true)
                     .await
@@ -77,14 +81,38 @@ pub async fn run_stream<A: Api>(
         None => None,
         Some(c) => Some(
             Position::from_cursor(c, stream.cursor.key_type).ok_or_else(|| {
-                Error::StoredWatermark {
-                    stream: name.to_owned(),
+                let kind = ErrorKind::StoredWatermark {
                     key: c.key.clone(),
                     key_type: format!("{:?}", stream.cursor.key_type),
-                }
+                };
+                StreamError::new(name, kind)
             })?,
         ),
     };
+    // Holding the lock, nobody else runs this stream: a `running` row is a dead execution's.
+    let reason = format!(
+        "its execution ended without closing the run (killed?); closed by {} when it took the stream's lock",
+        settings.executor
+    );
+    let abandoned = run_ledger::abandon_running(&mut conn, name, &reason)
+        .await
+        .in_stream(name)?;
+    if !abandoned.is_empty() {
+        tracing::warn!(stream = name, runs = ?abandoned, "Closed runs of a dead execution as abandoned; this run resumes from the last committed page.");
+    }
+    // Keys below (watermark - lookback) are never re-read; a stream without a lookback keeps none.
+    let below = match (stream.lookback, &stored) {
+        (Some(back), Some(p)) => Some(Some(
+            Position::lower_bound(Some(p), Some(back), stream.cursor.key_type).micros,
+        )),
+        (Some(_), None) => None,
+        (None, _) => Some(None),
+    };
+    if let Some(below) = below {
+        lookback::prune(&mut conn, name, below)
+            .await
+            .in_stream(name)?;
+    }
     let run_id = run_ledger::start(&mut conn, name, &settings.executor, stored_cursor.as_ref())
         .await
         .in_stream(name)?;
@@ -108,7 +136,7 @@ pub async fn run_stream<A: Api>(
     if let Err(e) =
         run_ledger::finish(&mut run.conn, run_id, outcome, bytes, error.as_deref()).await
     {
-        tracing::warn!(stream = name, run_id, error = %e, "could not close the producer_run row");
+        tracing::warn!(stream = name, run_id, error = %e, "Could not close the producer_run row; the next run of the stream closes it.");
     }
     // Closing the connection releases the lock too; unlock first so it is prompt and explicit.
     let _ = watermark::unlock(&mut run.conn, name).await;
@@ -125,11 +153,11 @@ async fn skip(
     stream: &Stream,
     settings: &Settings,
     started: Instant,
-) -> Result<StreamSummary, Error> {
+) -> Result<StreamSummary, StreamError> {
     let name = stream.name.as_str();
     tracing::info!(
         stream = name,
-        "another execution of this stream is running; skipping this run (--on-overlap skip); the next run will pick up where it ends"
+        "Another execution of this stream is running; skipping this run (--on-overlap skip). The next run picks up where it ends."
     );
     let run_id = run_ledger::start(conn, name, &settings.executor, None)
         .await
@@ -169,64 +197,28 @@ impl Run<'_> {
         bq: &BigQuery<A>,
         shutdown: &Shutdown,
         mut progress: Progress,
-    ) -> Result<(), Error> {
+    ) -> Result<(), StreamError> {
         let name = self.stream.name.as_str();
-        let lower = Position::lower_bound(
-            self.high.as_ref(),
-            self.stream.lookback,
-            self.stream.cursor.key_type,
-        );
-        let spec = query_spec(self.stream, &lower, self.settings.page_size);
-        let mut pages = bq.open(&spec).await.map_err(|e| pages_error(name, e))?;
-        // Checks every configured column before anything is written.
-        let mapper = Mapper::new(
-            self.stream,
-            pages.schema(),
-            &self.settings.dedupe_attribute,
-            &self.settings.pubsub_project,
-        )?;
-        tracing::info!(stream = name, job = pages.job_id(), from = %lower, "reading new rows");
-        let mut previous = lower;
-        while let Some(rows) = pages.next_page().await.map_err(|e| pages_error(name, e))? {
-            self.summary.bytes_processed = pages.bytes_processed();
-            if rows.is_empty() {
+        let query = StreamQuery::new(self.stream, self.high.as_ref(), self.settings.page_size);
+        let from = query.lower().clone();
+        let mut rows = query.open(bq, self.settings).await?;
+        tracing::info!(stream = name, job = rows.job_id(), from = %from, "Reading new rows.");
+        while let Some(page) = rows.next_page().await? {
+            self.summary.bytes_processed = rows.bytes_processed();
+            if page.is_empty() {
                 continue;
             }
-            let (mut accepted, mut rejected) = (Vec::new(), Vec::new());
-            for row in &rows {
-                let mapped = mapper.map_row(row)?;
-                if mapped.position <= previous {
-                    return Err(order_error(
-                        name,
-                        &previous,
-                        &mapped.position,
-                        self.summary.fetched == 0 && accepted.is_empty() && rejected.is_empty(),
-                    ));
-                }
-                previous = mapped.position;
-                match mapped.outcome {
-                    Ok(m) => accepted.push(m),
-                    Err(r) => rejected.push(r),
-                }
-            }
-            self.commit_chunk(&accepted, &rejected, &previous, rows.len() as u64)
-                .await?;
+            self.commit_chunk(page, rows.last()).await?;
             self.chunks += 1;
             progress.tick(name, self.summary.fetched, self.high.as_ref());
-            if self.settings.fail_after_chunks == Some(self.chunks) {
-                return Err(Error::InjectedFailure {
-                    stream: name.to_owned(),
-                    chunks: self.chunks,
-                });
-            }
             if shutdown.is_requested() {
-                return Err(Error::Interrupted {
-                    stream: name.to_owned(),
+                let kind = ErrorKind::Interrupted {
                     chunks: self.chunks,
-                });
+                };
+                return Err(StreamError::new(name, kind));
             }
         }
-        self.summary.bytes_processed = pages.bytes_processed();
+        self.summary.bytes_processed = rows.bytes_processed();
         self.summary.elapsed = progress.elapsed();
         Ok(())
     }
@@ -234,23 +226,44 @@ impl Run<'_> {
     /// One page, one transaction (see the module doc).
     async fn commit_chunk(
         &mut self,
-        accepted: &[NewMessage],
-        rejected: &[Rejection],
+        page: Vec<MappedRow>,
         last: &Position,
-        fetched: u64,
-    ) -> Result<(), Error> {
+    ) -> Result<(), StreamError> {
         let name = self.stream.name.as_str();
         let run_id = self.summary.run_id.unwrap_or_default();
+        let fetched = page.len() as u64;
         let mut tx = self
             .conn
             .begin()
             .await
-            .map_err(|e| db_error(name, "starting a chunk transaction", e))?;
-        let enqueued = outbox::enqueue_batch(&mut tx, accepted)
+            .map_err(|e| StreamError::database(name, "starting a chunk transaction", e))?;
+        // With a lookback, rows this stream already committed are skipped here, whether or not
+        // their outbox row still exists (the dispatcher deletes published rows).
+        let remembered = if self.stream.lookback.is_some() {
+            let keys: Vec<(&str, i64)> = page
+                .iter()
+                .map(|m| (dedupe_key(&m.outcome), m.position.micros))
+                .collect();
+            lookback::remember(&mut tx, name, &keys)
+                .await
+                .in_stream(name)?
+        } else {
+            vec![true; page.len()]
+        };
+        let (mut accepted, mut rejected) = (Vec::new(), Vec::new());
+        let mut seen_before = 0u64;
+        for (mapped, new) in page.into_iter().zip(remembered) {
+            match (new, mapped.outcome) {
+                (false, _) => seen_before += 1,
+                (true, Ok(m)) => accepted.push(m),
+                (true, Err(r)) => rejected.push(r),
+            }
+        }
+        let enqueued = outbox::enqueue_batch(&mut tx, &accepted)
             .await
             .in_stream(name)?;
         let dead_lettered =
-            dead_letter::insert_rejected(&mut tx, &format!("producer:{name}"), rejected)
+            dead_letter::insert_rejected(&mut tx, &format!("producer:{name}"), &rejected)
                 .await
                 .in_stream(name)?;
         let advance = self.high.as_ref().is_none_or(|high| last > high);
@@ -260,10 +273,10 @@ impl Run<'_> {
                 .await
                 .in_stream(name)?;
             if stored != *cursor {
-                tracing::warn!(stream = name, stored = ?stored, wanted = ?cursor, "the stored watermark is ahead of this run; kept it");
+                tracing::warn!(stream = name, stored = ?stored, wanted = ?cursor, "The stored watermark is ahead of this run; kept it.");
             }
         }
-        let already_rejected = rejected.len() as u64 - dead_lettered;
+        let already_rejected = rejected.len() as u64 - dead_lettered + seen_before;
         let counts = Counts {
             fetched: fetched as i64,
             enqueued: enqueued.inserted as i64,
@@ -280,7 +293,7 @@ impl Run<'_> {
         }
         tx.commit()
             .await
-            .map_err(|e| db_error(name, "committing a chunk", e))?;
+            .map_err(|e| StreamError::database(name, "committing a chunk", e))?;
         if advance {
             self.high = Some(last.clone());
         }
@@ -288,52 +301,15 @@ impl Run<'_> {
         self.summary.enqueued += enqueued.inserted;
         self.summary.duplicates += enqueued.duplicates + already_rejected;
         self.summary.rejected += dead_lettered;
-        tracing::debug!(stream = name, batch.size = fetched, enqueued = enqueued.inserted, rejected = dead_lettered, watermark = %last, "chunk committed");
+        tracing::debug!(stream = name, batch.size = fetched, enqueued = enqueued.inserted, rejected = dead_lettered, watermark = %last, "Chunk committed.");
         Ok(())
     }
 }
 
-/// The query of `stream` from `lower`, `page_size` rows per page.
-pub(crate) fn query_spec(stream: &Stream, lower: &Position, page_size: u32) -> QuerySpec {
-    QuerySpec {
-        query: stream.query.clone(),
-        params: lower.parameters(),
-        location: stream.location.clone(),
-        maximum_bytes_billed: stream.maximum_bytes_billed,
-        page_size: page_size.max(1),
-    }
-}
-
-pub(crate) fn pages_error(stream: &str, e: PagesError) -> Error {
-    match e {
-        PagesError::Query(message) => Error::Query {
-            stream: stream.to_owned(),
-            message,
-        },
-        PagesError::Request(message) => Error::BigQuery {
-            stream: stream.to_owned(),
-            message,
-        },
-    }
-}
-
-pub(crate) fn order_error(stream: &str, previous: &Position, row: &Position, first: bool) -> Error {
-    let detail = if first {
-        format!("a row at {row} is not after the lower bound {previous} the query was given")
-    } else if row == previous {
-        format!("two rows share the cursor {row}")
-    } else {
-        format!("a row at {row} came after {previous}: rows are not in cursor order")
-    };
-    Error::CursorOrder {
-        stream: stream.to_owned(),
-        detail,
-    }
-}
-
-pub(crate) fn db_error(stream: &str, context: &'static str, source: sqlx::Error) -> Error {
-    Error::Database {
-        stream: stream.to_owned(),
-        source: outbox_shared::Error::Database { context, source },
+/// The dedupe key a row is enqueued (or dead-lettered) under.
+fn dedupe_key(outcome: &Result<NewMessage, Rejection>) -> &str {
+    match outcome {
+        Ok(m) => &m.dedupe_key,
+        Err(r) => &r.message.dedupe_key,
     }
 }

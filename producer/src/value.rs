@@ -19,7 +19,7 @@ use gcp_bigquery_client::model::field_type::FieldType;
 use gcp_bigquery_client::model::table_field_schema::TableFieldSchema;
 use serde_json::{Map, Number, Value};
 
-use crate::decimal::{Decimal, timestamp_micros};
+use crate::decimal::{Decimal, MAX_TIMESTAMP_MICROS, MIN_TIMESTAMP_MICROS, timestamp_micros};
 
 /// A cell that could not be converted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -174,8 +174,12 @@ fn float_to_json(f: f64) -> Value {
     }
 }
 
-/// RFC 3339, UTC, always six fractional digits: `2026-11-30T12:00:00.123456Z`.
+/// RFC 3339, UTC, four-digit year, always six fractional digits: `2026-11-30T12:00:00.123456Z`.
+/// None outside BigQuery's range (0001-01-01 to 9999-12-31), where RFC 3339 has no year form.
 pub fn format_timestamp(micros: i64) -> Option<String> {
+    if !(MIN_TIMESTAMP_MICROS..=MAX_TIMESTAMP_MICROS).contains(&micros) {
+        return None;
+    }
     chrono::DateTime::from_timestamp_micros(micros)
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
 }

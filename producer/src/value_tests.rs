@@ -207,3 +207,130 @@ fn base64_decodes_with_and_without_padding() {
     assert_eq!(decode_base64("a$=="), None);
     assert_eq!(decode_base64("a==="), None);
 }
+
+/// The nearest double to `micros` / 10^6 seconds, as BigQuery's float form holds it.
+fn float_seconds(micros: i64) -> f64 {
+    let (secs, frac) = (micros.div_euclid(1_000_000), micros.rem_euclid(1_000_000));
+    // Decimal text → f64 is correctly rounded; `secs + frac` keeps the sign right before 1970.
+    let text = if secs < 0 && frac > 0 {
+        format!("-{}.{:06}", -(secs + 1), 1_000_000 - frac)
+    } else {
+        format!("{secs}.{frac:06}")
+    };
+    text.parse().expect("decimal seconds parse")
+}
+
+fn timestamp_cell(text: &str) -> String {
+    match cell_to_json(&field(FieldType::Timestamp), &json!(text)) {
+        Ok(Value::String(s)) => s,
+        other => panic!("TIMESTAMP {text:?} did not convert: {other:?}"),
+    }
+}
+
+/// Asserts `s` is RFC 3339 with a four-digit year and returns its microseconds.
+fn rfc3339_micros(s: &str) -> i64 {
+    assert!(
+        s.len() == 27 && s.as_bytes()[4] == b'-' && s.ends_with('Z'),
+        "RFC 3339, four-digit year, microseconds: {s}"
+    );
+    chrono::DateTime::parse_from_rfc3339(s)
+        .expect("parses as RFC 3339")
+        .timestamp_micros()
+}
+
+#[test]
+fn every_timestamp_from_year_1_to_9999_arrives_exact_in_int64_and_within_a_double_in_float() {
+    let max = crate::decimal::MAX_TIMESTAMP_MICROS;
+    let min = crate::decimal::MIN_TIMESTAMP_MICROS;
+    // Named instants, then a deterministic sweep over the whole range.
+    let mut instants = vec![
+        min,                    // 0001-01-01 00:00:00
+        min + 1,                // 0001-01-01 00:00:00.000001
+        -2_208_988_800_000_001, // 1899-12-31 23:59:59.999999
+        -1,                     // 1969-12-31 23:59:59.999999
+        -500_000,               // 1969-12-31 23:59:59.5
+        0,                      // 1970-01-01 00:00:00
+        1,                      // 1970-01-01 00:00:00.000001
+        1_796_040_000_123_456,  // 2026-11-30 12:00:00.123456
+        8_589_934_591_999_999,  // just below 2^33 s (2242-03-16)
+        10_413_792_000_000_003, // 2300-01-01 00:00:00.000003
+        max,                    // 9999-12-31 23:59:59.999999
+    ];
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let span = (max - min) as u64;
+    for _ in 0..20_000 {
+        x = x
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        instants.push(min + (x % span) as i64);
+    }
+    for t in instants {
+        // int64 microseconds (what the producer asks for): exact everywhere.
+        assert_eq!(
+            rfc3339_micros(&timestamp_cell(&t.to_string())),
+            t,
+            "int64 {t}"
+        );
+
+        // float seconds, scientific ("1.0413792000000004E10") and plain ("1796040000.123456").
+        let f = float_seconds(t);
+        // Like Java's Double.toString, the plain form always has a point ("1.0E9" / "5.0").
+        let plain = format!("{f}");
+        let plain = if plain.contains('.') {
+            plain
+        } else {
+            format!("{plain}.0")
+        };
+        for text in [format!("{f:E}"), plain] {
+            let got = rfc3339_micros(&timestamp_cell(&text));
+            if t.unsigned_abs() < (1u64 << 33) * 1_000_000 {
+                assert_eq!(got, t, "float {text} below 2^33 s is exact");
+            } else {
+                // Above 2^33 s the double itself is coarser than a microsecond.
+                let ulp_micros = (f.abs() * f64::EPSILON * 1e6).ceil() as i64;
+                assert!(
+                    (got - t).abs() <= ulp_micros,
+                    "float {text}: {got} is within a double's spacing ({ulp_micros} µs) of {t}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_open_ended_sentinel_and_far_future_floats_stay_valid_rfc3339() {
+    // Real BigQuery's float form of 9999-12-31 23:59:59.999999 rounds one microsecond past the
+    // end of the range; it is the end (and the int64 form is exact).
+    for cell in ["2.534023008E11", "253402300800.0", "253402300799999999"] {
+        assert_eq!(
+            timestamp_cell(cell),
+            "9999-12-31T23:59:59.999999Z",
+            "{cell}"
+        );
+    }
+    assert_eq!(
+        timestamp_cell("-6.21355968E10"),
+        "0001-01-01T00:00:00.000000Z"
+    );
+    // 2300-01-01 00:00:00.000003: exact in int64; the double only holds ~2 µs steps.
+    assert_eq!(
+        timestamp_cell("10413792000000003"),
+        "2300-01-01T00:00:00.000003Z"
+    );
+    assert_eq!(
+        timestamp_cell("1.0413792000000004E10"),
+        "2300-01-01T00:00:00.000004Z"
+    );
+    // Beyond the range: refused, never a five-digit year.
+    for cell in [
+        "253402300800000000",
+        "2.6E11",
+        "-62135596800000001",
+        "-6.3E10",
+    ] {
+        assert!(
+            cell_to_json(&field(FieldType::Timestamp), &json!(cell)).is_err(),
+            "{cell} is outside BigQuery's range"
+        );
+    }
+}

@@ -9,30 +9,48 @@
 //! - JSON columns must be inserted as JSON *text* (an object is stored as its Python repr);
 //! - a column named like a reserved word (`by`) silently empties `SELECT *`: avoid such names.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use gcp_bigquery_client::Client;
 use gcp_bigquery_client::model::dataset::Dataset;
+use gcp_bigquery_client::model::get_query_results_parameters::GetQueryResultsParameters;
+use gcp_bigquery_client::model::get_query_results_response::GetQueryResultsResponse;
 use gcp_bigquery_client::model::query_request::QueryRequest;
 use gcp_bigquery_client::model::query_response::QueryResponse;
 use gcp_bigquery_client::model::table::Table;
 use gcp_bigquery_client::model::table_data_insert_all_request::TableDataInsertAllRequest;
 use gcp_bigquery_client::model::table_field_schema::TableFieldSchema;
 use gcp_bigquery_client::model::table_schema::TableSchema;
-use outbox_producer::bigquery::{self, Credentials};
+use outbox_producer::bigquery::{self, Api, ApiError, Credentials, Rest};
 
 use crate::env;
 
-/// A client on the emulator (anonymous credentials).
+/// gcp-bigquery-client's client on the emulator (anonymous credentials), for tables and rows.
 pub async fn client() -> Client {
-    bigquery::connect(Some(&env::bigquery_emulator_host()), Credentials::Anonymous)
+    bigquery::client(Some(&env::bigquery_emulator_host()), Credentials::Anonymous)
         .await
         .expect("a BigQuery client for the emulator builds")
+}
+
+/// The producer's BigQuery API on `endpoint` (anonymous credentials).
+pub async fn api_at(endpoint: &str) -> Rest {
+    bigquery::connect(Some(endpoint), Credentials::Anonymous)
+        .await
+        .expect("the producer's BigQuery API for the emulator builds")
+}
+
+/// The producer's BigQuery API on the emulator.
+pub async fn api() -> Rest {
+    api_at(&env::bigquery_emulator_host()).await
 }
 
 /// A dataset with one table, created for one test and deleted on drop.
 #[derive(Clone)]
 pub struct TestTable {
-    /// The client used.
+    /// The client used to create and fill the table.
     pub client: Client,
+    /// The producer's BigQuery API on the same emulator.
+    pub api: Rest,
     /// Project id.
     pub project: String,
     /// Dataset id (unique per test).
@@ -71,6 +89,7 @@ impl TestTable {
             .expect("bqemulator creates the table");
         Self {
             client,
+            api: api().await,
             project,
             dataset,
             table,
@@ -138,5 +157,67 @@ impl Drop for TestTable {
             });
         });
         let _ = handle.join();
+    }
+}
+
+/// A BigQuery API that answers like `inner` for the first `pages` result pages, then refuses
+/// every call: a run through it fails right after committing `pages` chunks, as a crash would.
+#[derive(Debug)]
+pub struct FailAfterPages<A> {
+    inner: A,
+    pages: usize,
+    served: AtomicUsize,
+}
+
+impl<A> FailAfterPages<A> {
+    /// Serves `pages` complete result pages from `inner`, then fails.
+    pub fn new(inner: A, pages: usize) -> Self {
+        Self {
+            inner,
+            pages,
+            served: AtomicUsize::new(0),
+        }
+    }
+
+    /// The refusal every call gets once the pages are served.
+    pub fn message(&self) -> String {
+        format!("injected failure after {} page(s)", self.pages)
+    }
+
+    fn check(&self) -> Result<(), ApiError> {
+        if self.served.load(Ordering::SeqCst) >= self.pages {
+            return Err(ApiError::refused(self.message()));
+        }
+        Ok(())
+    }
+
+    fn count(&self, complete: Option<bool>) {
+        if complete == Some(true) {
+            self.served.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl<A: Api> Api for FailAfterPages<A> {
+    async fn query(&self, project: &str, request: QueryRequest) -> Result<QueryResponse, ApiError> {
+        self.check()?;
+        let response = self.inner.query(project, request).await?;
+        self.count(response.job_complete);
+        Ok(response)
+    }
+
+    async fn get_query_results(
+        &self,
+        project: &str,
+        job_id: &str,
+        params: GetQueryResultsParameters,
+    ) -> Result<GetQueryResultsResponse, ApiError> {
+        self.check()?;
+        let response = self
+            .inner
+            .get_query_results(project, job_id, params)
+            .await?;
+        self.count(response.job_complete);
+        Ok(response)
     }
 }

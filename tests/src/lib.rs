@@ -8,7 +8,8 @@
 //! - [`dispatcher`]: dispatchers built as the binary builds them, with fast test settings.
 //! - [`ledger`]: the delivery verdict (lost, invented, duplicates, per-key order).
 //! - [`proxy`]: network failures the real services cannot produce on demand (publish faults:
-//!   `outbox_dispatcher::fault`); [`process`]: the binaries as child processes, for signal tests.
+//!   `outbox_dispatcher::fault`); [`http_faults`]: scripted HTTP failures (HTML 502, bare 503) in
+//!   front of bqemulator; [`process`]: the binaries as child processes, for signal tests.
 //! - [`bigquery`]: tables on bqemulator.
 
 pub mod bigquery;
@@ -16,6 +17,7 @@ pub mod db;
 pub mod dispatcher;
 pub mod env;
 pub mod fixtures;
+pub mod http_faults;
 pub mod ledger;
 pub mod process;
 pub mod proxy;

@@ -1,21 +1,23 @@
 //! BigQuery access: the only code that calls `gcp-bigquery-client`.
 //!
 //! [`Api`] is the seam: the two REST calls the producer needs (`jobs.query`,
-//! `jobs.getQueryResults`), implemented for the real client and faked in unit tests.
-//! [`pages::Pages`] walks a query's result page by page on top of it (see there for polling,
-//! retries and the memory bound). [`connect`] builds a client for production (Application Default
-//! Credentials: a key file, `gcloud auth application-default login`, or the metadata server that
-//! Cloud Run and GKE Workload Identity provide) or for an emulator (anonymous).
+//! `jobs.getQueryResults`), sent by [`rest::Rest`] (why not by the crate: see there) and faked in
+//! unit tests. [`pages::Pages`] walks a query's result page by page on top of it (see there for
+//! polling, retries and the memory bound). [`connect`] builds the API for production
+//! (Application Default Credentials, [`auth`]) or for an emulator (anonymous); [`client`] builds
+//! gcp-bigquery-client's client on the same credentials for everything else (the test harness
+//! creates datasets and tables with it).
 
+pub mod auth;
 pub mod pages;
+pub mod rest;
 
 use std::future::Future;
-use std::pin::Pin;
+use std::sync::Arc;
 
 use gcp_bigquery_client::Client;
 use gcp_bigquery_client::auth::Authenticator;
 use gcp_bigquery_client::client_builder::ClientBuilder;
-use gcp_bigquery_client::error::BQError;
 use gcp_bigquery_client::model::get_query_results_parameters::GetQueryResultsParameters;
 use gcp_bigquery_client::model::get_query_results_response::GetQueryResultsResponse;
 use gcp_bigquery_client::model::query_parameter::QueryParameter;
@@ -24,7 +26,9 @@ use gcp_bigquery_client::model::query_parameter_value::QueryParameterValue;
 use gcp_bigquery_client::model::query_request::QueryRequest;
 use gcp_bigquery_client::model::query_response::QueryResponse;
 
+pub use auth::AnonymousAuthenticator;
 pub use pages::{BigQuery, Pages, QuerySpec, Timeouts};
+pub use rest::Rest;
 
 /// The BigQuery REST calls the producer makes.
 pub trait Api: Send + Sync {
@@ -58,9 +62,9 @@ pub struct ApiError {
 pub enum ApiErrorKind {
     /// BigQuery refused the request (bad query, permission, limit): retrying cannot help.
     Refused,
-    /// Network, timeout, 429 or 5xx: retry with backoff.
+    /// Network, timeout, 429, 5xx, or an answer we could not read: retry with backoff.
     Transient,
-    /// An answer we could not read.
+    /// A local problem (an unusable endpoint, credentials that cannot be built).
     Other,
 }
 
@@ -82,49 +86,7 @@ impl ApiError {
     }
 }
 
-impl From<BQError> for ApiError {
-    fn from(e: BQError) -> Self {
-        match e {
-            BQError::ResponseError { error } => {
-                let e = error.error;
-                let reasons: Vec<&str> = e
-                    .errors
-                    .iter()
-                    .filter_map(|m| m.get("reason").map(String::as_str))
-                    .collect();
-                let transient = e.code == 429
-                    || e.code >= 500
-                    || reasons.iter().any(|r| {
-                        matches!(*r, "backendError" | "rateLimitExceeded" | "internalError")
-                    });
-                let message = format!("{} (HTTP {}, {})", e.message, e.code, reasons.join(", "));
-                let kind = if transient {
-                    ApiErrorKind::Transient
-                } else {
-                    ApiErrorKind::Refused
-                };
-                Self { message, kind }
-            }
-            BQError::RequestError(r) => {
-                let kind = if r.is_decode() {
-                    ApiErrorKind::Other
-                } else {
-                    ApiErrorKind::Transient
-                };
-                Self {
-                    message: error_chain(&r),
-                    kind,
-                }
-            }
-            other => Self {
-                message: error_chain(&other),
-                kind: ApiErrorKind::Other,
-            },
-        }
-    }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
@@ -135,31 +97,11 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
-impl Api for Client {
-    async fn query(&self, project: &str, request: QueryRequest) -> Result<QueryResponse, ApiError> {
-        self.job()
-            .query(project, request)
-            .await
-            .map_err(ApiError::from)
-    }
-
-    async fn get_query_results(
-        &self,
-        project: &str,
-        job_id: &str,
-        params: GetQueryResultsParameters,
-    ) -> Result<GetQueryResultsResponse, ApiError> {
-        self.job()
-            .get_query_results(project, job_id, params)
-            .await
-            .map_err(ApiError::from)
-    }
-}
-
 /// How the client authenticates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Credentials {
-    /// Anonymous with an endpoint override (an emulator), else Application Default Credentials.
+    /// Anonymous with a plain-HTTP endpoint override (an emulator), else Application Default
+    /// Credentials (BigQuery itself, or any https endpoint such as a regional one).
     #[default]
     Auto,
     /// Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, gcloud, metadata server).
@@ -168,29 +110,56 @@ pub enum Credentials {
     Anonymous,
 }
 
-/// Builds a client. `endpoint` is a base URL such as `http://127.0.0.1:9050` (the REST v2 base is
-/// `<endpoint>/bigquery/v2`); None means BigQuery itself.
-pub async fn connect(endpoint: Option<&str>, credentials: Credentials) -> Result<Client, ApiError> {
-    let mut builder = ClientBuilder::new();
-    if let Some(endpoint) = endpoint {
-        builder.with_v2_base_url(v2_base_url(endpoint));
+impl Credentials {
+    /// Whether calls to `endpoint` (None: BigQuery itself) go without credentials.
+    pub fn is_anonymous(self, endpoint: Option<&str>) -> bool {
+        match self {
+            Self::Auto => endpoint.is_some_and(|e| !v2_base_url(e).starts_with("https://")),
+            Self::Adc => false,
+            Self::Anonymous => true,
+        }
     }
-    let anonymous = match credentials {
-        Credentials::Auto => endpoint.is_some(),
-        Credentials::Adc => false,
-        Credentials::Anonymous => true,
-    };
-    let client = if anonymous {
-        builder
-            .build_from_authenticator(std::sync::Arc::new(AnonymousAuthenticator))
-            .await
-    } else {
-        builder.build_from_application_default_credentials().await
-    };
-    client.map_err(|e| ApiError {
-        message: format!("building the BigQuery client: {}", error_chain(&e)),
+}
+
+/// The BigQuery REST v2 base URL for `endpoint` (None: BigQuery itself).
+fn base_url(endpoint: Option<&str>) -> String {
+    endpoint.map_or_else(
+        || "https://bigquery.googleapis.com/bigquery/v2".to_owned(),
+        v2_base_url,
+    )
+}
+
+async fn authenticator(
+    endpoint: Option<&str>,
+    credentials: Credentials,
+) -> Result<Arc<dyn Authenticator>, ApiError> {
+    if credentials.is_anonymous(endpoint) {
+        return Ok(Arc::new(AnonymousAuthenticator));
+    }
+    auth::application_default().await.map_err(|e| ApiError {
+        message: format!("building the BigQuery credentials: {e}"),
         kind: ApiErrorKind::Other,
     })
+}
+
+/// Builds the producer's BigQuery API. `endpoint` is a base URL such as `http://127.0.0.1:9050`
+/// (the REST v2 base is `<endpoint>/bigquery/v2`); None means BigQuery itself.
+pub async fn connect(endpoint: Option<&str>, credentials: Credentials) -> Result<Rest, ApiError> {
+    let auth = authenticator(endpoint, credentials).await?;
+    Rest::new(reqwest::Client::new(), auth, &base_url(endpoint))
+}
+
+/// gcp-bigquery-client's client at `endpoint` with the same credentials as [`connect`].
+pub async fn client(endpoint: Option<&str>, credentials: Credentials) -> Result<Client, ApiError> {
+    let auth = authenticator(endpoint, credentials).await?;
+    ClientBuilder::new()
+        .with_v2_base_url(base_url(endpoint))
+        .build_from_authenticator(auth)
+        .await
+        .map_err(|e| ApiError {
+            message: format!("building the BigQuery client: {}", error_chain(&e)),
+            kind: ApiErrorKind::Other,
+        })
 }
 
 /// `http://host:port` (scheme optional) → `http://host:port/bigquery/v2`.
@@ -205,23 +174,6 @@ pub fn v2_base_url(endpoint: &str) -> String {
         base
     } else {
         format!("{base}/bigquery/v2")
-    }
-}
-
-/// An authenticator that sends a dummy token (emulators ignore it).
-#[derive(Debug, Clone, Copy)]
-pub struct AnonymousAuthenticator;
-
-type TokenFuture<'a> = Pin<Box<dyn Future<Output = Result<String, BQError>> + Send + 'a>>;
-
-// The trait is declared with `#[async_trait]`; this is the signature that macro expands to.
-impl Authenticator for AnonymousAuthenticator {
-    fn access_token<'life0, 'async_trait>(&'life0 self) -> TokenFuture<'async_trait>
-    where
-        'life0: 'async_trait,
-        Self: 'async_trait,
-    {
-        Box::pin(async { Ok("anonymous".to_owned()) })
     }
 }
 

@@ -4,14 +4,19 @@
 //!   at ~10 MB), whatever the result size.
 //! - `jobComplete: false` (a slow query): poll `getQueryResults` (server-side wait `timeoutMs`,
 //!   plus a short client backoff) until the job completes or [`Timeouts::job`] passes.
-//! - Each call has a timeout and is retried with backoff when transient (network, 429, 5xx).
-//!   `jobs.query` carries a `requestId`, so BigQuery runs a retried request once.
+//! - Each call has a timeout and is retried with backoff (bounded: [`Timeouts::retries`]) when
+//!   transient: network, 429, every 5xx, an unreadable answer ([`super::rest::classify`]).
+//!   `jobs.query` carries a `requestId`, kept across retries, so BigQuery runs it once.
+//! - Every call that returns rows asks for TIMESTAMPs as int64 microseconds
+//!   (`formatOptions.useInt64Timestamp`): real BigQuery's default float seconds lose microseconds
+//!   after 2242. The float form is still parsed ([`crate::decimal::timestamp_micros`]).
 //! - Errors BigQuery reports inside a 200 answer (bqemulator does this for failed queries) fail
 //!   the query like an HTTP error would.
 
 use std::time::{Duration, Instant};
 
 use backon::{ExponentialBuilder, Retryable};
+use gcp_bigquery_client::model::data_format_options::DataFormatOptions;
 use gcp_bigquery_client::model::error_proto::ErrorProto;
 use gcp_bigquery_client::model::get_query_results_parameters::GetQueryResultsParameters;
 use gcp_bigquery_client::model::query_parameter::QueryParameter;
@@ -188,7 +193,7 @@ impl<A: Api> BigQuery<A> {
                     .with_jitter(),
             )
             .when(|e| e.kind == ApiErrorKind::Transient)
-            .notify(|e, wait| tracing::warn!(error = %e, retry_in = ?wait, call = what, "BigQuery call failed; retrying"))
+            .notify(|e, wait| tracing::warn!(error = %e, retry_in = ?wait, call = what, "A BigQuery call failed; retrying."))
             .await
     }
 }
@@ -243,7 +248,7 @@ impl<A: Api> Pages<'_, A> {
         let mut pause = self.bq.timeouts.poll;
         loop {
             let params = GetQueryResultsParameters {
-                format_options: None,
+                format_options: Some(int64_timestamps()),
                 location: self.location.clone(),
                 max_results: Some(i32::try_from(self.page_size).unwrap_or(i32::MAX)),
                 page_token: page_token.clone(),
@@ -268,7 +273,7 @@ impl<A: Api> Pages<'_, A> {
                     self.job_id, self.bq.timeouts.job
                 )));
             }
-            tracing::debug!(job = %self.job_id, "BigQuery job still running");
+            tracing::debug!(job = %self.job_id, "The BigQuery job is still running.");
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(2));
         }
@@ -318,10 +323,17 @@ fn check_errors(
         .collect::<Vec<_>>()
         .join("; ");
     if schema.is_some_and(|s| s.field_count() > 0) {
-        tracing::warn!(warnings = %message, "BigQuery reported problems with a successful result");
+        tracing::warn!(warnings = %message, "BigQuery reported problems with a successful result; the result is used.");
         return Ok(());
     }
     Err(PagesError::Query(message))
+}
+
+/// `formatOptions.useInt64Timestamp = true`: TIMESTAMP cells as exact int64 microseconds.
+fn int64_timestamps() -> DataFormatOptions {
+    DataFormatOptions {
+        use_int64_timestamp: Some(true),
+    }
 }
 
 fn parse_bytes(text: Option<&str>) -> Option<i64> {
@@ -337,6 +349,7 @@ fn request(spec: &QuerySpec) -> QueryRequest {
     r.maximum_bytes_billed = spec.maximum_bytes_billed.map(|b| b.to_string());
     r.max_results = Some(i32::try_from(spec.page_size).unwrap_or(i32::MAX));
     r.timeout_ms = Some(SERVER_WAIT_MS);
+    r.format_options = Some(int64_timestamps());
     // Makes a retried jobs.query idempotent on BigQuery's side (≤ 36 ASCII characters).
     r.request_id = Some(format!(
         "pubsub-outbox-{:016x}{:06x}",

@@ -17,6 +17,7 @@ struct Fake {
     query: Mutex<VecDeque<Result<QueryResponse, ApiError>>>,
     results: Mutex<VecDeque<Result<GetQueryResultsResponse, ApiError>>>,
     tokens_asked: Mutex<Vec<Option<String>>>,
+    results_params: Mutex<Vec<GetQueryResultsParameters>>,
     requests: Mutex<Vec<QueryRequest>>,
 }
 
@@ -43,7 +44,8 @@ impl Api for Fake {
         self.tokens_asked
             .lock()
             .expect("lock")
-            .push(params.page_token);
+            .push(params.page_token.clone());
+        self.results_params.lock().expect("lock").push(params);
         self.results
             .lock()
             .expect("lock")
@@ -149,6 +151,22 @@ async fn pages_are_read_in_order_following_page_tokens() {
     let bq = BigQuery::new(fake, "p", fast());
     let (pages, bytes) = collect(&bq).await.expect("all pages read");
     assert_eq!(pages, vec![vec![1, 2], vec![3, 4], vec![5]]);
+    let query = serde_json::to_value(&bq.api.requests.lock().expect("lock")[0]).expect("json");
+    assert_eq!(
+        query["formatOptions"],
+        json!({"useInt64Timestamp": true}),
+        "jobs.query asks for exact timestamps"
+    );
+    for params in bq.api.results_params.lock().expect("lock").iter() {
+        assert_eq!(
+            params
+                .format_options
+                .as_ref()
+                .and_then(|f| f.use_int64_timestamp),
+            Some(true),
+            "every getQueryResults page asks for exact timestamps"
+        );
+    }
     assert_eq!(bytes, Some(1234));
     assert_eq!(
         *bq.api.tokens_asked.lock().expect("lock"),
@@ -261,11 +279,10 @@ async fn the_query_carries_its_parameters_cost_guard_and_page_size() {
     let bq = BigQuery::new(fake, "p", fast());
     let spec = QuerySpec {
         query: "SELECT @watermark_ts, @watermark_key".into(),
-        params: crate::cursor::Position {
-            micros: 5,
-            key: crate::cursor::Key::Str("k".into()),
-        }
-        .parameters(),
+        params: vec![
+            super::super::parameter("watermark_ts", "INT64", "5".into()),
+            super::super::parameter("watermark_key", "STRING", "k".into()),
+        ],
         location: Some("EU".into()),
         maximum_bytes_billed: Some(1_000_000),
         page_size: 250,

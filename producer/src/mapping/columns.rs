@@ -8,7 +8,7 @@ use gcp_bigquery_client::model::table_schema::TableSchema;
 
 use super::{Mapper, Payload};
 use crate::config::{KeyType, PayloadSpec, Stream, TopicSpec};
-use crate::errors::Error;
+use crate::errors::{ErrorKind, StreamError};
 use crate::value::type_name;
 
 impl<'s> Mapper<'s> {
@@ -18,7 +18,7 @@ impl<'s> Mapper<'s> {
         schema: &TableSchema,
         dedupe_attribute: &str,
         pubsub_project: &str,
-    ) -> Result<Self, Error> {
+    ) -> Result<Self, StreamError> {
         let fields = schema.fields.clone().unwrap_or_default();
         let find = |column: &str, usage: &str| find_column(stream, &fields, column, usage);
         let timestamp = find(&stream.cursor.timestamp_column, "cursor.timestamp_column")?;
@@ -72,7 +72,7 @@ impl<'s> Mapper<'s> {
                     find(c, &format!("attributes.columns.{name}"))?,
                 ))
             })
-            .collect::<Result<_, Error>>()?;
+            .collect::<Result<_, StreamError>>()?;
         let payload = match &stream.payload {
             PayloadSpec::Columns(cols) => Payload::Object(
                 cols.iter()
@@ -121,7 +121,7 @@ fn find_column(
     fields: &[TableFieldSchema],
     column: &str,
     usage: &str,
-) -> Result<usize, Error> {
+) -> Result<usize, StreamError> {
     // BigQuery column names are case-insensitive; prefer an exact match.
     fields
         .iter()
@@ -131,15 +131,18 @@ fn find_column(
                 .iter()
                 .position(|f| f.name.eq_ignore_ascii_case(column))
         })
-        .ok_or_else(|| Error::UnknownColumn {
-            stream: stream.name.clone(),
-            column: column.to_owned(),
-            usage: usage.to_owned(),
-            available: fields
+        .ok_or_else(|| {
+            let available = fields
                 .iter()
                 .map(|f| format!("`{}`", f.name))
                 .collect::<Vec<_>>()
-                .join(", "),
+                .join(", ");
+            let kind = ErrorKind::UnknownColumn {
+                column: column.to_owned(),
+                usage: usage.to_owned(),
+                available,
+            };
+            StreamError::new(&stream.name, kind)
         })
 }
 
@@ -150,7 +153,7 @@ fn expect_type(
     ok: &[FieldType],
     expected: &str,
     hint: &str,
-) -> Result<(), Error> {
+) -> Result<(), StreamError> {
     let repeated = field
         .mode
         .as_deref()
@@ -168,7 +171,7 @@ fn column_type(
     usage: &str,
     expected: &str,
     hint: &str,
-) -> Error {
+) -> StreamError {
     let repeated = field
         .mode
         .as_deref()
@@ -178,9 +181,9 @@ fn column_type(
         if repeated { "ARRAY of " } else { "" },
         type_name(&field.r#type)
     );
-    Error::ColumnType {
-        stream: stream.name.clone(),
+    let kind = ErrorKind::ColumnType {
         column: field.name.clone(),
         detail: format!("({usage}) is {found}, expected {expected}. {hint}"),
-    }
+    };
+    StreamError::new(&stream.name, kind)
 }

@@ -22,7 +22,7 @@ use serde_json::{Map, Value};
 
 use crate::config::{KeyType, Stream, TopicSpec};
 use crate::cursor::{Key, Position};
-use crate::errors::Error;
+use crate::errors::{ErrorKind, StreamError};
 use crate::value::{as_text, cell_to_json, decode_base64};
 
 mod columns;
@@ -61,7 +61,7 @@ enum Payload {
 
 impl Mapper<'_> {
     /// Maps one row. Errors only for rows that cannot be placed or read (see the module doc).
-    pub fn map_row(&self, row: &TableRow) -> Result<MappedRow, Error> {
+    pub fn map_row(&self, row: &TableRow) -> Result<MappedRow, StreamError> {
         let cells = row.columns.as_deref().unwrap_or_default();
         if cells.len() != self.fields.len() {
             return Err(self.bad(format!(
@@ -165,7 +165,7 @@ impl Mapper<'_> {
         Ok(MappedRow { position, outcome })
     }
 
-    fn position(&self, ts: &Value, key: &Value) -> Result<Position, Error> {
+    fn position(&self, ts: &Value, key: &Value) -> Result<Position, StreamError> {
         let ts_name = &self.fields[self.timestamp].name;
         let key_name = &self.fields[self.key].name;
         let micros = ts
@@ -189,8 +189,8 @@ impl Mapper<'_> {
     /// The full topic name, plus a rejection reason when the row has no usable topic.
     fn topic(
         &self,
-        json: &impl Fn(usize) -> Result<Value, Error>,
-    ) -> Result<(String, Option<String>), Error> {
+        json: &impl Fn(usize) -> Result<Value, StreamError>,
+    ) -> Result<(String, Option<String>), StreamError> {
         let i = match (&self.stream.topic, self.topic_column) {
             (TopicSpec::Fixed(topic), _) => return Ok((topic.clone(), None)),
             (TopicSpec::Column(_), Some(i)) => i,
@@ -225,11 +225,8 @@ impl Mapper<'_> {
         Ok((full, None))
     }
 
-    fn bad(&self, detail: String) -> Error {
-        Error::BadRow {
-            stream: self.stream.name.clone(),
-            detail,
-        }
+    fn bad(&self, detail: String) -> StreamError {
+        StreamError::new(&self.stream.name, ErrorKind::BadRow(detail))
     }
 }
 

@@ -1,13 +1,18 @@
 //! Logging: `text` for people, `json` for Cloud Logging (one object per line with `severity`,
-//! `time`, `message`, `target`, the event's fields and the span names).
+//! `time`, `message`, `target`, the event's fields, the fields of every enclosing span flattened
+//! onto the line, and the span names in `spans`).
+//!
+//! Span fields are flattened so Cloud Logging can filter on them (`jsonPayload.stream="orders"`
+//! matches every line of that stream's run). On a name clash the event's own field wins, then
+//! the innermost span's.
 
 use std::fmt;
 
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::EnvFilter;
-use tracing_subscriber::fmt::format::Writer;
-use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::fmt::format::{JsonFields, Writer};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
 
 /// Log output format.
@@ -42,7 +47,10 @@ pub fn init(args: &TelemetryArgs) {
         .with_writer(std::io::stderr);
     let _ = match args.log_format {
         LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.event_format(CloudJson).try_init(),
+        LogFormat::Json => builder
+            .fmt_fields(JsonFields::new())
+            .event_format(CloudJson)
+            .try_init(),
     };
 }
 
@@ -56,7 +64,9 @@ fn severity(level: &Level) -> &'static str {
     }
 }
 
-/// A JSON event formatter with Cloud Logging's field names.
+/// A JSON event formatter with Cloud Logging's field names. Span fields are read as the span's
+/// formatted fields: install it with `.fmt_fields(JsonFields::new())` (as [`init`] does) so they
+/// are JSON; spans formatted otherwise contribute their names only.
 #[derive(Debug, Clone, Copy)]
 pub struct CloudJson;
 
@@ -72,7 +82,30 @@ where
         event: &Event<'_>,
     ) -> fmt::Result {
         let meta = event.metadata();
-        let mut fields = JsonFields(serde_json::Map::new());
+        let mut fields = EventFields(serde_json::Map::new());
+        event.record(&mut fields);
+        if let Some(scope) = ctx.event_scope() {
+            let mut names = Vec::new();
+            // Innermost first, so an inner span's field wins over an outer one's.
+            for span in scope {
+                names.push(span.name());
+                let extensions = span.extensions();
+                let Some(formatted) = extensions.get::<FormattedFields<N>>() else {
+                    continue;
+                };
+                if let Ok(serde_json::Value::Object(span_fields)) =
+                    serde_json::from_str::<serde_json::Value>(formatted.as_str())
+                {
+                    for (k, v) in span_fields {
+                        fields.0.entry(k).or_insert(v);
+                    }
+                }
+            }
+            if !names.is_empty() {
+                names.reverse();
+                fields.0.insert("spans".into(), names.join(":").into());
+            }
+        }
         fields
             .0
             .insert("severity".into(), severity(meta.level()).into());
@@ -83,20 +116,13 @@ where
                 .into(),
         );
         fields.0.insert("target".into(), meta.target().into());
-        event.record(&mut fields);
-        if let Some(scope) = ctx.event_scope() {
-            let spans: Vec<&str> = scope.from_root().map(|s| s.name()).collect();
-            if !spans.is_empty() {
-                fields.0.insert("spans".into(), spans.join(":").into());
-            }
-        }
         writeln!(writer, "{}", serde_json::Value::Object(fields.0))
     }
 }
 
-struct JsonFields(serde_json::Map<String, serde_json::Value>);
+struct EventFields(serde_json::Map<String, serde_json::Value>);
 
-impl Visit for JsonFields {
+impl Visit for EventFields {
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
         self.0
             .insert(field.name().to_owned(), format!("{value:?}").into());
@@ -164,6 +190,54 @@ mod tests {
             line["time"].as_str().is_some_and(|t| t.ends_with('Z')),
             "RFC 3339 UTC time: {line}"
         );
+    }
+
+    #[test]
+    fn a_json_line_inside_a_stream_span_carries_the_stream_field() {
+        use std::sync::{Arc, Mutex};
+        #[derive(Clone, Default)]
+        struct Buffer(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buffer {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().expect("buffer").extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        // As `init` installs it for --log-format json.
+        let subscriber = tracing_subscriber::fmt()
+            .fmt_fields(super::JsonFields::new())
+            .event_format(super::CloudJson)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let run = tracing::info_span!("run_stream", stream = "orders", run_id = 7);
+            let _run = run.enter();
+            let call = tracing::info_span!("call", run_id = 8, call = "jobs.query");
+            let _call = call.enter();
+            tracing::warn!(
+                call = "overridden by the event",
+                "A BigQuery call failed; retrying."
+            );
+        });
+        let text = String::from_utf8(buffer.0.lock().expect("buffer").clone()).expect("utf-8");
+        let line: serde_json::Value =
+            serde_json::from_str(text.trim()).expect("one JSON object per line");
+        assert_eq!(line["stream"], "orders", "the outer span's field: {line}");
+        assert_eq!(
+            line["run_id"], 8,
+            "the inner span wins over the outer: {line}"
+        );
+        assert_eq!(
+            line["call"], "overridden by the event",
+            "the event wins: {line}"
+        );
+        assert_eq!(line["spans"], "run_stream:call");
+        assert_eq!(line["message"], "A BigQuery call failed; retrying.");
     }
 
     #[test]

@@ -15,6 +15,8 @@ pub enum Outcome {
     Failed,
     /// Did not run (another execution held the stream).
     Skipped,
+    /// Its execution died while running (closed by the next execution holding the stream's lock).
+    Abandoned,
 }
 
 impl Outcome {
@@ -23,6 +25,7 @@ impl Outcome {
             Self::Succeeded => "succeeded",
             Self::Failed => "failed",
             Self::Skipped => "skipped",
+            Self::Abandoned => "abandoned",
         }
     }
 }
@@ -114,6 +117,28 @@ pub async fn finish(
     Ok(())
 }
 
+/// Closes the stream's runs still marked `running` as `abandoned` (with `finished_at` and
+/// `reason`); returns their ids. Call only while holding the stream's lock
+/// ([`crate::store::watermark::lock`]): then no other execution runs the stream, so a `running`
+/// row can only belong to one that died.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn abandon_running(
+    conn: &mut PgConnection,
+    stream: &str,
+    reason: &str,
+) -> Result<Vec<i64>> {
+    sqlx::query_scalar(
+        "UPDATE producer_run SET outcome = 'abandoned', finished_at = now(), error = $2
+         WHERE stream = $1 AND outcome = 'running'
+         RETURNING id",
+    )
+    .bind(stream)
+    .bind(reason)
+    .fetch_all(&mut *conn)
+    .await
+    .context("closing abandoned producer_run rows")
+}
+
 /// A run as stored.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Run {
@@ -129,7 +154,7 @@ pub struct Run {
     pub rows_duplicate: i64,
     /// Rows dead-lettered.
     pub rows_rejected: i64,
-    /// running / succeeded / failed / skipped.
+    /// running / succeeded / failed / skipped / abandoned.
     pub outcome: String,
     /// The error, if failed.
     pub error: Option<String>,

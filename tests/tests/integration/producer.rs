@@ -8,18 +8,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use gcp_bigquery_client::Client;
 use gcp_bigquery_client::model::field_type::FieldType;
 use gcp_bigquery_client::model::query_request::QueryRequest;
 use gcp_bigquery_client::model::query_response::ResultSet;
 use gcp_bigquery_client::model::table_field_schema::TableFieldSchema;
-use harness::bigquery::TestTable;
+use harness::bigquery::{FailAfterPages, TestTable};
 use harness::db::TestDb;
 use harness::env;
-use outbox_producer::bigquery::{BigQuery, Timeouts};
+use harness::http_faults::{Fault, HttpFaults};
+use outbox_producer::bigquery::{BigQuery, Rest, Timeouts};
 use outbox_producer::cursor::Position;
 use outbox_producer::{
-    Error, JobReport, LoadOptions, OnOverlap, Settings, StreamOutcome, StreamsConfig, run_job,
+    ErrorKind, JobReport, LoadOptions, OnOverlap, Settings, StreamOutcome, StreamsConfig, run_job,
     run_stream, select_streams,
 };
 use outbox_runtime::shutdown::Shutdown;
@@ -107,8 +107,8 @@ fn settings(page_size: u32) -> Settings {
     }
 }
 
-fn bigquery(client: &Client) -> BigQuery<Client> {
-    BigQuery::new(client.clone(), env::bigquery_project(), Timeouts::default())
+fn bigquery(api: &Rest) -> BigQuery<Rest> {
+    BigQuery::new(api.clone(), env::bigquery_project(), Timeouts::default())
 }
 
 async fn run_all(
@@ -120,7 +120,7 @@ async fn run_all(
     let streams = select_streams(config, settings).expect("streams selected");
     run_job(
         &db.pool,
-        &bigquery(&table.client),
+        &bigquery(&table.api),
         &streams,
         settings,
         &Shutdown::never(),
@@ -329,15 +329,30 @@ async fn a_crash_between_chunks_then_a_rerun_leaves_each_source_row_in_the_outbo
         .insert(&(1..=10).map(|i| order(i, i / 4)).collect::<Vec<_>>())
         .await;
 
-    let crashing = Settings {
-        fail_after_chunks: Some(2),
-        ..settings(3)
-    };
-    let report = run_all(&db, &table, &config, &crashing).await;
-    assert!(matches!(
-        report.streams[0].result,
-        Err(Error::InjectedFailure { chunks: 2, .. })
-    ));
+    // The BigQuery API fails after serving two pages of 3: the run stops right after committing
+    // two chunks, as a crash would.
+    let streams = select_streams(&config, &settings(3)).expect("streams selected");
+    let crashing = BigQuery::new(
+        FailAfterPages::new(table.api.clone(), 2),
+        env::bigquery_project(),
+        Timeouts::default(),
+    );
+    let report = run_job(
+        &db.pool,
+        &crashing,
+        &streams,
+        &settings(3),
+        &Shutdown::never(),
+    )
+    .await;
+    let err = report.streams[0]
+        .result
+        .as_ref()
+        .expect_err("the run fails");
+    assert!(
+        matches!(&err.kind, ErrorKind::Query(m) if m.contains("injected failure after 2 page(s)")),
+        "the run fails on the injected failure after two chunks: {err}"
+    );
     assert_eq!(report.exit_code(), 1, "a failed stream makes the job fail");
     assert_eq!(
         outbox_keys(&db).await,
@@ -439,6 +454,24 @@ async fn a_producer_process_killed_mid_run_loses_and_duplicates_nothing_on_rerun
         keys("killed", 1..=total),
         "every row exactly once"
     );
+    // The killed execution's ledger row was closed by the rerun, which took the stream's lock.
+    let runs: Vec<(String, bool, Option<String>)> = sqlx::query_as(
+        "SELECT outcome, finished_at IS NOT NULL, error FROM producer_run WHERE stream = 'killed' ORDER BY id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("read producer_run");
+    assert_eq!(runs.len(), 2, "one row per execution: {runs:?}");
+    assert_eq!(
+        (runs[0].0.as_str(), runs[0].1),
+        ("abandoned", true),
+        "the killed run reads abandoned, with finished_at: {runs:?}"
+    );
+    assert!(
+        runs[0].2.as_deref().unwrap_or_default().contains("killed"),
+        "with the reason: {runs:?}"
+    );
+    assert_eq!(runs[1].0, "succeeded");
     let _ = std::fs::remove_file(&path);
 }
 
@@ -457,7 +490,7 @@ async fn two_executions_started_together_enqueue_each_row_once_and_the_watermark
             on_overlap: mode,
             ..settings(7)
         };
-        let bq = bigquery(&table.client);
+        let bq = bigquery(&table.api);
 
         let stop = Arc::new(AtomicBool::new(false));
         let watcher = {
@@ -534,7 +567,7 @@ async fn an_execution_that_finds_the_stream_running_skips_or_waits_as_configured
     let table = TestTable::create(orders_schema()).await;
     let config = load(&orders_toml(&table, "busy", ""));
     table.insert(&[order(1, 1), order(2, 2)]).await;
-    let bq = bigquery(&table.client);
+    let bq = bigquery(&table.api);
     let stream = &config.streams[0];
     let never = Shutdown::never();
 
@@ -577,7 +610,7 @@ async fn an_execution_that_finds_the_stream_running_skips_or_waits_as_configured
     let waiter = {
         let (pool, bq, stream, never) = (
             db.pool.clone(),
-            bigquery(&table.client),
+            bigquery(&table.api),
             stream.clone(),
             never.clone(),
         );
@@ -833,6 +866,65 @@ async fn a_lookback_picks_up_late_rows_without_duplicating_the_others() {
 }
 
 #[tokio::test]
+async fn a_lookback_over_rows_already_published_and_deleted_re_enqueues_nothing() {
+    let db = TestDb::new().await;
+    let table = TestTable::create(orders_schema()).await;
+    let config = load(&orders_toml(&table, "gone", "lookback = \"1h\""));
+    table
+        .insert(&(1..=4).map(|i| order(i, i * 1_000_000)).collect::<Vec<_>>())
+        .await;
+    run_all(&db, &table, &config, &settings(2)).await;
+    assert_eq!(outbox_keys(&db).await, keys("gone", 1..=4));
+    // The dispatcher publishes and, with the default --retention 0, deletes the rows.
+    sqlx::query("DELETE FROM pubsub_outbox")
+        .execute(&db.pool)
+        .await
+        .expect("delete the published rows");
+
+    // A late row within the lookback: the re-read covers the four published ones too.
+    table.insert(&[order(50, 2_500_000)]).await;
+    let report = run_all(&db, &table, &config, &settings(2)).await;
+    let s = summary(&report, 0);
+    assert_eq!(
+        (s.fetched, s.enqueued, s.duplicates),
+        (5, 1, 4),
+        "the published and deleted rows are recognised, only the late one is enqueued"
+    );
+    assert_eq!(outbox_keys(&db).await, keys("gone", [50]));
+
+    // Two hours later the old keys fall out of the window and are forgotten.
+    table.insert(&[order(60, 7_200_000_000)]).await;
+    run_all(&db, &table, &config, &settings(2)).await;
+    let after_move: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM producer_lookback_key WHERE stream = 'gone'")
+            .fetch_one(&db.pool)
+            .await
+            .expect("count remembered keys");
+    assert_eq!(after_move, 6, "pruning runs at the start of the next run");
+    run_all(&db, &table, &config, &settings(2)).await;
+    let remembered: Vec<String> =
+        sqlx::query_scalar("SELECT dedupe_key FROM producer_lookback_key WHERE stream = 'gone'")
+            .fetch_all(&db.pool)
+            .await
+            .expect("read remembered keys");
+    assert_eq!(
+        remembered,
+        keys("gone", [60]),
+        "keys below watermark - lookback are pruned"
+    );
+
+    // A stream without a lookback remembers nothing.
+    let plain = load(&orders_toml(&table, "plain", ""));
+    run_all(&db, &table, &plain, &settings(10)).await;
+    let plain_keys: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM producer_lookback_key WHERE stream = 'plain'")
+            .fetch_one(&db.pool)
+            .await
+            .expect("count");
+    assert_eq!(plain_keys, 0, "streams without a lookback pay nothing");
+}
+
+#[tokio::test]
 async fn a_dry_run_reports_what_would_be_enqueued_and_writes_nothing() {
     let db = TestDb::new().await;
     let table = TestTable::create(orders_schema()).await;
@@ -971,7 +1063,7 @@ async fn a_query_error_fails_that_stream_naming_it_while_the_other_streams_still
     let report = run_all(&db, &table, &config, &settings(10)).await;
     assert_eq!(report.exit_code(), 1, "one failed stream fails the job");
     let err = report.streams[0].result.as_ref().expect_err("query error");
-    assert!(matches!(err, Error::Query { .. }), "{err}");
+    assert!(matches!(err.kind, ErrorKind::Query(_)), "{err}");
     assert!(
         err.to_string().contains("stream 'broken'") && err.to_string().contains("no_such_column"),
         "{err}"
@@ -1004,12 +1096,53 @@ async fn rows_out_of_cursor_order_fail_the_run_before_anything_is_written() {
         .result
         .as_ref()
         .expect_err("unordered rows");
-    assert!(matches!(err, Error::CursorOrder { .. }), "{err}");
+    assert!(matches!(err.kind, ErrorKind::CursorOrder(_)), "{err}");
     assert!(
         err.to_string().contains("ORDER BY"),
         "the message says how to fix it: {err}"
     );
     assert_nothing_written(&db, "unordered").await;
+}
+
+#[tokio::test]
+async fn an_html_502_and_a_bare_503_are_retried_and_each_row_is_enqueued_once() {
+    let db = TestDb::new().await;
+    let table = TestTable::create(orders_schema()).await;
+    let config = load(&orders_toml(&table, "flaky", ""));
+    table
+        .insert(&(1..=7).map(|i| order(i, i)).collect::<Vec<_>>())
+        .await;
+    let upstream = env::bigquery_emulator_host();
+    let faults = HttpFaults::start(upstream.trim_start_matches("http://")).await;
+    // jobs.query is a POST to …/queries; getQueryResults a GET of …/queries/<job>.
+    faults.push(Fault::html_502("POST "));
+    faults.push(Fault::html_502("GET "));
+    faults.push(Fault::bare_503("GET "));
+    let bq = BigQuery::new(
+        harness::bigquery::api_at(&faults.url()).await,
+        env::bigquery_project(),
+        Timeouts {
+            poll: Duration::from_millis(20),
+            ..Timeouts::default()
+        },
+    );
+    let streams = select_streams(&config, &settings(3)).expect("streams selected");
+    let report = run_job(&db.pool, &bq, &streams, &settings(3), &Shutdown::never()).await;
+    let s = summary(&report, 0);
+    assert_eq!(
+        faults.pending(),
+        0,
+        "every fault was answered: {:?}",
+        faults.served()
+    );
+    let statuses: Vec<u16> = faults.served().iter().map(|(s, _)| *s).collect();
+    assert_eq!(statuses, [502, 502, 503]);
+    assert_eq!((s.fetched, s.enqueued, s.duplicates), (7, 7, 0));
+    assert_eq!(
+        outbox_keys(&db).await,
+        keys("flaky", 1..=7),
+        "each row exactly once"
+    );
 }
 
 async fn assert_nothing_written(db: &TestDb, stream: &str) {
@@ -1024,4 +1157,56 @@ async fn assert_nothing_written(db: &TestDb, stream: &str) {
         .await
         .expect("count dead letters");
     assert_eq!(dead, 0, "nothing dead-lettered");
+}
+
+// ---------------------------------------------------------------- measurements
+
+/// What a lookback costs: the same 10,000 rows enqueued by a first run without and with a
+/// lookback (each on a fresh database), 3 rounds interleaved, medians printed. Not a test of a
+/// target: run it by name with `-- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "a measurement; run it by name"]
+async fn measure_the_cost_of_a_lookback() {
+    let rows = 10_000;
+    let table = TestTable::create(orders_schema()).await;
+    table
+        .insert(&(1..=rows).map(|i| order(i, i * 1_000)).collect::<Vec<_>>())
+        .await;
+    let mut times: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut key_bytes = 0i64;
+    for round in 0..3 {
+        for (i, extra) in ["", "lookback = \"1h\""].into_iter().enumerate() {
+            let db = TestDb::new().await;
+            let config = load(&orders_toml(&table, "cost", extra));
+            let started = std::time::Instant::now();
+            let report = run_all(&db, &table, &config, &settings(1000)).await;
+            let secs = started.elapsed().as_secs_f64();
+            assert_eq!(summary(&report, 0).enqueued, rows as u64);
+            times[i].push(secs);
+            if i == 1 {
+                key_bytes =
+                    sqlx::query_scalar("SELECT pg_total_relation_size('producer_lookback_key')")
+                        .fetch_one(&db.pool)
+                        .await
+                        .expect("size");
+            }
+            println!(
+                "round {round} {:<12} {rows} rows in {secs:.3} s ({:.0} rows/s)",
+                if i == 0 { "no lookback" } else { "lookback 1h" },
+                rows as f64 / secs
+            );
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (plain, lookback) = (median(&mut times[0]), median(&mut times[1]));
+    println!(
+        "median: no lookback {plain:.3} s, lookback {lookback:.3} s: +{:.1} % ({:.1} µs per row); \
+         producer_lookback_key {} KiB for {rows} keys",
+        (lookback / plain - 1.0) * 100.0,
+        (lookback - plain) * 1e6 / rows as f64,
+        key_bytes / 1024
+    );
 }
