@@ -14,10 +14,11 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConnectError {
-    /// Could not reach PostgreSQL within the retry budget.
+    /// Could not reach PostgreSQL within the retry budget, or the server refused us.
     #[error(
         "cannot connect to PostgreSQL at {url} after {waited:?}: {source}. \
-         Check DATABASE_URL and that the server is running and reachable"
+         Check DATABASE_URL (host, port, database name, user and password) and that the server \
+         is running and reachable"
     )]
     Unreachable {
         /// The URL with any password masked.
@@ -112,7 +113,7 @@ pub async fn connect_with_settings(
                 .with_total_delay(Some(budget))
                 .without_max_times(),
         )
-        .when(|e| !matches!(e, sqlx::Error::Configuration(_)))
+        .when(|e| !is_final(e))
         .notify(|e, wait| {
             tracing::warn!(error = %e, retry_in = ?wait, url = %masked, "PostgreSQL is not reachable yet; retrying.");
         });
@@ -125,6 +126,20 @@ pub async fn connect_with_settings(
         waited: started.elapsed(),
         source,
     })
+}
+
+/// Errors no retry can fix: a bad configuration, a database that does not exist, a role or
+/// password the server refuses. They fail at once with the server's reason.
+fn is_final(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Configuration(_) => true,
+        sqlx::Error::Database(db) => matches!(
+            db.code().as_deref(),
+            // invalid_catalog_name, invalid_authorization_specification, invalid_password
+            Some("3D000" | "28000" | "28P01")
+        ),
+        _ => false,
+    }
 }
 
 /// Returns `url` with the password (if any) replaced by `***`, safe for logs and errors.

@@ -6,8 +6,10 @@
 //! - [`telemetry`]: logging (text for people, JSON for Cloud Logging).
 //! - [`health`]: the `/healthz`, `/readyz` and `/metrics` server.
 //! - [`shutdown`]: shutdown as a value, fired by signals.
+//! - [`operator`]: what the operator commands share: the actor, exit codes, error text.
 
 pub mod db;
 pub mod health;
+pub mod operator;
 pub mod shutdown;
 pub mod telemetry;

@@ -31,8 +31,17 @@ pub struct TelemetryArgs {
     #[arg(long, env = "OUTBOX_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
     /// Log filter in tracing's EnvFilter syntax (e.g. "info,outbox_dispatcher=debug").
-    #[arg(long, env = "OUTBOX_LOG", default_value = "info")]
+    #[arg(long, env = "OUTBOX_LOG", default_value = "info", value_parser = log_filter)]
     pub log_filter: String,
+}
+
+/// Accepts a filter only if tracing can parse it (an invalid one is refused, not replaced).
+fn log_filter(s: &str) -> Result<String, String> {
+    EnvFilter::try_new(s).map(|_| s.to_owned()).map_err(|e| {
+        format!(
+            "{s:?} is not a tracing filter ({e}); e.g. \"info\" or \"info,outbox_dispatcher=debug\""
+        )
+    })
 }
 
 /// Installs the global subscriber. Safe to call more than once (later calls do nothing), so tests
