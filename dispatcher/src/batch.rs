@@ -85,6 +85,7 @@ pub(crate) async fn run_batch<P: Publish>(
         let _ = tx.rollback().await;
         return Ok(BatchOutcome::Empty);
     }
+    let _in_flight = d.hold(claimed.len());
     tracing::Span::current().record("batch.size", claimed.len());
     d.metrics.batch_size.observe(claimed.len() as f64);
     let policy = Policy {

@@ -29,6 +29,7 @@ enum State {
         until: Instant,
         cooldown: Duration,
         topic: String,
+        reason: String,
     },
 }
 
@@ -62,6 +63,14 @@ impl Breaker {
         match self.state.lock() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// Why it is open (the last probe's or publish's error, naming the endpoint), if it is.
+    pub fn open_reason(&self) -> Option<String> {
+        match &*self.lock() {
+            State::Closed => None,
+            State::Open { reason, .. } => Some(reason.clone()),
         }
     }
 
@@ -110,6 +119,7 @@ impl Breaker {
             until: Instant::now() + cooldown,
             cooldown,
             topic: topic.to_owned(),
+            reason: reason.to_owned(),
         };
         self.open_gauge.set(1);
     }

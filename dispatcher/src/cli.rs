@@ -17,13 +17,46 @@ use crate::config::{
     BatchSettings, BreakerSettings, DispatcherConfig, FaultSettings, Idle, PubsubConfig,
 };
 
-/// pubsub-outbox dispatcher: drains the pubsub_outbox table to Google Cloud Pub/Sub.
+/// pubsub-outbox dispatcher: drains the pubsub_outbox table to Google Cloud Pub/Sub, and the
+/// operator's commands (status, dead letters, pause/resume, audit).
+///
+/// `dispatcher [FLAGS]` and `dispatcher run [FLAGS]` both run it; every flag also reads its
+/// environment variable. Exit codes: 0 ok, 1 failed, 2 bad usage or configuration, 3 nothing
+/// matched (operator commands).
 #[derive(Debug, Parser)]
-#[command(name = "dispatcher", version, about, long_about = None)]
+#[command(name = "dispatcher", version, about, long_about = None,
+          args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct Cli {
     /// What to do (default: run).
     #[command(subcommand)]
     pub command: Option<Command>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+impl Cli {
+    /// The run flags, given before or after `run`.
+    pub fn run_args(&self) -> &RunArgs {
+        match &self.command {
+            Some(Command::Run(args)) => args,
+            _ => &self.run,
+        }
+    }
+
+    /// The logging flags of whatever command runs.
+    pub fn telemetry(&self) -> &TelemetryArgs {
+        match &self.command {
+            Some(Command::Migrate(a)) => &a.telemetry,
+            Some(Command::Ops(op)) => op.telemetry(),
+            Some(Command::Run(a)) => &a.telemetry,
+            None => &self.run.telemetry,
+        }
+    }
+}
+
+/// Everything `run` takes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
     #[command(flatten)]
     pub database: DatabaseArgs,
     #[command(flatten)]
@@ -34,13 +67,26 @@ pub struct Cli {
     pub dispatch: DispatchArgs,
 }
 
+/// What `migrate` takes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MigrateArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
+}
+
 /// Subcommands.
-#[derive(Debug, Clone, Copy, Subcommand)]
+// Parsed once at start-up: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, Subcommand)]
 pub enum Command {
     /// Run the dispatcher until SIGTERM/SIGINT (the default).
-    Run,
+    Run(RunArgs),
     /// Apply the database migrations and exit.
-    Migrate,
+    Migrate(MigrateArgs),
+    #[command(flatten)]
+    Ops(crate::ops::OpsCommand),
 }
 
 /// Dispatching knobs.
@@ -169,10 +215,10 @@ pub struct PubsubArgs {
     pub publish_delay: Duration,
 }
 
-impl TryFrom<&Cli> for DispatcherConfig {
+impl TryFrom<&RunArgs> for DispatcherConfig {
     type Error = String;
 
-    fn try_from(cli: &Cli) -> Result<Self, String> {
+    fn try_from(cli: &RunArgs) -> Result<Self, String> {
         let a = &cli.dispatch;
         let p = &cli.pubsub;
         let full = |topics: &[String]| {
@@ -257,7 +303,7 @@ mod tests {
         let mut args = vec!["dispatcher", "--database-url", "postgres://u@h/db"];
         args.extend_from_slice(extra);
         let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
-        DispatcherConfig::try_from(&cli)
+        DispatcherConfig::try_from(cli.run_args())
     }
 
     #[test]
@@ -285,6 +331,43 @@ mod tests {
             let err = parse(args).expect_err("refused");
             assert!(err.contains(flag), "{args:?}: {err}");
         }
+    }
+
+    #[test]
+    fn run_flags_are_accepted_after_the_run_subcommand_too() {
+        let before = Cli::try_parse_from([
+            "dispatcher",
+            "--database-url",
+            "postgres://u@h/d",
+            "--workers",
+            "7",
+        ])
+        .expect("flags before");
+        let after = Cli::try_parse_from([
+            "dispatcher",
+            "run",
+            "--database-url",
+            "postgres://u@h/d",
+            "--workers",
+            "7",
+        ])
+        .expect("flags after run");
+        assert_eq!(before.run_args().dispatch.workers, 7);
+        assert_eq!(after.run_args().dispatch.workers, 7);
+    }
+
+    #[test]
+    fn an_invalid_log_filter_is_refused_naming_the_flag() {
+        let err = Cli::try_parse_from([
+            "dispatcher",
+            "--database-url",
+            "x",
+            "--log-filter",
+            "info,=[",
+        ])
+        .expect_err("refused");
+        assert!(err.to_string().contains("--log-filter"), "{err}");
+        assert_eq!(err.exit_code(), 2);
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! - [`classify`]: publish failures as transient / permanent / not attempted.
 //! - [`breaker`]: pauses claiming while Pub/Sub is unreachable.
 //! - [`fault`]: fault injection in front of the publisher (`--inject-failure-rate`, tests).
+//! - [`ops`]: the operator's commands (status, dead letters, pause/resume, audit).
 //! - [`metrics`], [`error`].
 //!
 //! All SQL lives in `outbox_shared::store`.
@@ -26,6 +27,7 @@ pub mod error;
 pub mod fault;
 mod liveness;
 pub mod metrics;
+pub mod ops;
 pub mod publisher;
 pub mod service;
 mod tasks;

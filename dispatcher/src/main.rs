@@ -1,30 +1,38 @@
 //! The dispatcher binary: parse and validate configuration, start telemetry, hand over to the
-//! library, map the result to an exit code (0 ok, 1 failed, 2 bad configuration, 130 stopped by a
-//! second signal).
+//! library, map the result to an exit code (0 ok, 1 failed, 2 bad configuration, 3 nothing
+//! matched (operator commands), 130 stopped by a second signal).
 
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
+use outbox_dispatcher::cli::RunArgs;
 use outbox_dispatcher::fault::FaultInjector;
 use outbox_dispatcher::publisher::PubsubPublisher;
 use outbox_dispatcher::{Cli, Command, Dispatcher, DispatcherConfig};
+use outbox_runtime::operator::{Exit, describe};
 use outbox_runtime::shutdown::{Shutdown, on_signals};
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    outbox_runtime::telemetry::init(&cli.telemetry);
-    let config = match DispatcherConfig::try_from(&cli) {
+    outbox_runtime::telemetry::init(cli.telemetry());
+    match &cli.command {
+        Some(Command::Ops(op)) => return op.run().await.into(),
+        Some(Command::Migrate(m)) => return migrate(&m.database).await.into(),
+        Some(Command::Run(_)) | None => {}
+    }
+    let args = cli.run_args();
+    let config = match DispatcherConfig::try_from(args) {
         Ok(config) => config,
         Err(e) => {
             eprintln!("error: invalid configuration: {e}");
-            return ExitCode::from(2);
+            return Exit::Usage.into();
         }
     };
     let signals = on_signals();
     let outcome = tokio::select! {
-        outcome = run(&cli, config, signals.shutdown) => outcome,
+        outcome = run(args, config, signals.shutdown) => outcome,
         () = stopped(signals.abort) => {
             tracing::warn!("Second signal: exiting now; the rows in flight will be claimed again.");
             return ExitCode::from(130);
@@ -33,22 +41,35 @@ async fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "The dispatcher failed.");
-            eprintln!("error: {e:#}");
+            let text = describe(e.as_ref());
+            tracing::error!(error = %text, "The dispatcher failed.");
+            eprintln!("error: {text}");
             ExitCode::FAILURE
         }
     }
 }
 
-async fn run(cli: &Cli, config: DispatcherConfig, shutdown: Shutdown) -> anyhow::Result<()> {
-    let pool = outbox_dispatcher::connect_database(&cli.database, &config).await?;
-    if let Some(Command::Migrate) = cli.command {
-        outbox_shared::migrate(&pool)
-            .await
-            .context("applying migrations")?;
-        tracing::info!("Migrations applied.");
-        return Ok(());
+async fn migrate(database: &outbox_runtime::db::DatabaseArgs) -> Exit {
+    let applied = async {
+        let pool = outbox_runtime::db::connect(database, "pubsub-outbox-migrate").await?;
+        outbox_shared::migrate(&pool).await?;
+        pool.close().await;
+        anyhow::Ok(())
+    };
+    match applied.await {
+        Ok(()) => {
+            tracing::info!("Migrations applied.");
+            Exit::Ok
+        }
+        Err(e) => {
+            eprintln!("error: {}", describe(e.as_ref()));
+            Exit::Failed
+        }
     }
+}
+
+async fn run(args: &RunArgs, config: DispatcherConfig, shutdown: Shutdown) -> anyhow::Result<()> {
+    let pool = outbox_dispatcher::connect_database(&args.database, &config).await?;
     let publisher = PubsubPublisher::connect(&config.pubsub).await?;
     let publisher = FaultInjector::with_settings(publisher, &config.faults);
     let dispatcher = Dispatcher::build(config, pool, publisher).await?;

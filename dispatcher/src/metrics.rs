@@ -12,6 +12,10 @@ use prometheus_client::registry::Registry;
 /// A one-label set: `kind`.
 pub type KindLabel = Vec<(&'static str, &'static str)>;
 
+/// Labels with owned values: `topic`, and `kind` where it applies. Topic names are
+/// configuration, never message content.
+pub type Labels = Vec<(&'static str, String)>;
+
 /// Every metric the dispatcher exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -35,10 +39,16 @@ pub struct Metrics {
     pub publish_seconds: Histogram,
     /// Seconds from enqueue to publish.
     pub lag_seconds: Histogram,
-    /// Unpublished rows (capped count).
-    pub backlog: Gauge,
-    /// Age in seconds of the oldest row due now.
-    pub oldest_due_age_seconds: Gauge<f64, AtomicU64>,
+    /// Unpublished rows per topic (of the topics this replica serves; capped count).
+    pub backlog: Family<Labels, Gauge>,
+    /// Age in seconds of the oldest row due now, per topic.
+    pub oldest_due_age_seconds: Family<Labels, Gauge<f64, AtomicU64>>,
+    /// Dead letters per topic and kind.
+    pub dead_letters: Family<Labels, Gauge>,
+    /// 1 per paused topic.
+    pub paused: Family<Labels, Gauge>,
+    /// Pool connections by state (in_use, idle).
+    pub pool_connections: Family<Labels, Gauge>,
     /// 1 while the circuit breaker holds claiming because Pub/Sub is unreachable.
     pub breaker_open: Gauge,
     /// Ordering keys held back by a dead-lettered message (an operator must act).
@@ -59,8 +69,11 @@ impl Metrics {
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
             publish_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             lag_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 20)),
-            backlog: Gauge::default(),
-            oldest_due_age_seconds: Gauge::default(),
+            backlog: Family::default(),
+            oldest_due_age_seconds: Family::default(),
+            dead_letters: Family::default(),
+            paused: Family::default(),
+            pool_connections: Family::default(),
             breaker_open: Gauge::default(),
             blocked_keys: Gauge::default(),
         };
@@ -117,12 +130,32 @@ impl Metrics {
         );
         r.register(
             "backlog_rows",
-            "Unpublished outbox rows (count capped at 1,000,000)",
+            "Unpublished outbox rows per topic (count capped at 1,000,000)",
             m.backlog.clone(),
         );
         r.register(
+            "dead_letters",
+            "Rows in pubsub_outbox_dead_letter per topic and kind",
+            m.dead_letters.clone(),
+        );
+        r.register(
+            "paused_topic",
+            "1 for each paused topic (dispatcher pause / resume)",
+            m.paused.clone(),
+        );
+        r.register(
+            "db_pool_connections",
+            "Database pool connections by state",
+            m.pool_connections.clone(),
+        );
+        let build = Family::<Labels, Gauge>::default();
+        build
+            .get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_owned())])
+            .set(1);
+        r.register("build_info", "The dispatcher's version", build);
+        r.register(
             "oldest_due_age_seconds",
-            "Age of the oldest outbox row due now",
+            "Age of the oldest outbox row due now, per topic",
             m.oldest_due_age_seconds.clone(),
         );
         r.register(

@@ -149,10 +149,16 @@ impl<P: Publish> Dispatcher<P> {
                 shutdown.clone(),
             ));
         }
-        background.spawn(tasks::sample_backlog(
+        background.spawn(tasks::sample_gauges(
             pool.clone(),
             dispatch.metrics.clone(),
+            config.batch.topics.clone(),
             config.batch.skip_dead_letter_topics.clone(),
+            shutdown.clone(),
+        ));
+        let heartbeat = tokio::spawn(tasks::heartbeat(
+            dispatch.clone(),
+            config.batch.topics.clone(),
             shutdown.clone(),
         ));
         if !config.retention.is_zero() {
@@ -195,6 +201,8 @@ impl<P: Publish> Dispatcher<P> {
         })
         .await;
         background.abort_all();
+        // The heartbeat task removes this replica's row as it stops (bounded: a second at most).
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), heartbeat).await;
         match drained {
             Ok(()) => {
                 pool.close().await;

@@ -12,10 +12,14 @@ use tokio::sync::Notify;
 
 use outbox_runtime::health::{self, Checks, LivenessCheck, ReadinessCheck};
 use outbox_runtime::shutdown::Shutdown;
-use outbox_shared::store::{dead_letter, outbox};
+use outbox_shared::store::replica::{self, Replica};
+use outbox_shared::store::{dead_letter, outbox, pause};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use std::sync::atomic::AtomicU64;
 
 use crate::breaker::Breaker;
-use crate::metrics::Metrics;
+use crate::metrics::{Labels, Metrics};
 use crate::publisher::Publish;
 use crate::worker::Dispatch;
 
@@ -59,10 +63,11 @@ pub(crate) fn readiness(pool: PgPool, breaker: Arc<Breaker>) -> ReadinessCheck {
                 Ok(Err(e)) => return Err(format!("database unreachable: {e}")),
                 Err(_) => return Err("database unreachable: no answer within 800ms".to_owned()),
             }
-            if breaker.is_closed() {
-                Ok(())
-            } else {
-                Err("Pub/Sub unreachable (circuit breaker open)".to_owned())
+            match breaker.open_reason() {
+                None => Ok(()),
+                Some(reason) => Err(format!(
+                    "Pub/Sub unreachable (circuit breaker open): {reason}"
+                )),
             }
         })
     })
@@ -109,68 +114,258 @@ pub(crate) async fn listen(
     }
 }
 
-/// Refreshes the backlog and blocked-key gauges every 10 s (index-only scans, capped), and logs
-/// progress once a minute while there is traffic or a backlog.
-pub(crate) async fn sample_backlog(
+/// Refreshes the gauges every 10 s (per topic, only the topics this replica serves: backlog,
+/// oldest due age, dead letters, paused; blocked keys; pool connections), and logs progress once a
+/// minute while there is traffic or a backlog.
+pub(crate) async fn sample_gauges(
     pool: PgPool,
     metrics: Arc<Metrics>,
+    topics: Option<Vec<String>>,
     skip_topics: Vec<String>,
     mut shutdown: Shutdown,
 ) {
-    let mut last_published = metrics.published.get();
-    let mut last_report = std::time::Instant::now();
-    let mut last_blocked = 0;
-    let mut last_blocked_log = std::time::Instant::now();
+    let mut progress = Progress::new(metrics.published.get());
+    let mut blocked_log = BlockedLog::default();
+    let mut seen = Seen::default();
     loop {
+        let idle = i64::try_from(pool.num_idle()).unwrap_or(i64::MAX);
+        metrics
+            .pool_connections
+            .get_or_create(&vec![("state", "idle".to_owned())])
+            .set(idle);
+        metrics
+            .pool_connections
+            .get_or_create(&vec![("state", "in_use".to_owned())])
+            .set(i64::from(pool.size()) - idle);
         match pool.acquire().await {
             Ok(mut conn) => {
-                match outbox::backlog(&mut conn, Utc::now(), BACKLOG_CAP).await {
+                let topics = topics.as_deref();
+                match outbox::backlog_by_topic(&mut conn, Utc::now(), topics, BACKLOG_CAP).await {
                     Ok(b) => {
-                        metrics.backlog.set(b.pending);
-                        metrics.oldest_due_age_seconds.set(b.oldest_due_age_secs);
-                        let elapsed = last_report.elapsed();
-                        if elapsed >= Duration::from_secs(60) {
-                            let published = metrics.published.get();
-                            let delta = published - last_published;
-                            if delta > 0 || b.pending > 0 {
-                                tracing::info!(
-                                    published = delta,
-                                    per_second = (delta as f64 / elapsed.as_secs_f64()).round(),
-                                    backlog = b.pending,
-                                    oldest_due_age_secs = b.oldest_due_age_secs,
-                                    "Published messages in the last minute, and the backlog."
-                                );
-                            }
-                            last_published = published;
-                            last_report = std::time::Instant::now();
+                        let labels = |t: &str| vec![("topic", t.to_owned())];
+                        seen.reset(&metrics.backlog, b.iter().map(|t| labels(&t.topic)));
+                        seen.reset_f64(
+                            &metrics.oldest_due_age_seconds,
+                            b.iter().map(|t| labels(&t.topic)),
+                        );
+                        for t in &b {
+                            metrics
+                                .backlog
+                                .get_or_create(&labels(&t.topic))
+                                .set(t.pending);
+                            metrics
+                                .oldest_due_age_seconds
+                                .get_or_create(&labels(&t.topic))
+                                .set(t.oldest_due_age_secs);
                         }
+                        progress.log(&metrics, &b);
                     }
                     Err(e) => tracing::warn!(error = %e, "Reading the backlog failed."),
+                }
+                match dead_letter::counts(&mut conn, topics).await {
+                    Ok(counts) => {
+                        let labels = |t: &str, k: &str| {
+                            vec![("topic", t.to_owned()), ("kind", k.to_owned())]
+                        };
+                        seen.reset_dead(
+                            &metrics.dead_letters,
+                            counts.iter().map(|(t, k, _)| labels(t, k)),
+                        );
+                        for (t, k, n) in &counts {
+                            metrics.dead_letters.get_or_create(&labels(t, k)).set(*n);
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "Counting the dead letters failed."),
+                }
+                match pause::list(&mut conn).await {
+                    Ok(paused) => {
+                        metrics.paused.clear();
+                        for p in paused
+                            .iter()
+                            .filter(|p| topics.is_none_or(|t| t.contains(&p.topic)))
+                        {
+                            metrics
+                                .paused
+                                .get_or_create(&vec![("topic", p.topic.clone())])
+                                .set(1);
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "Reading the paused topics failed."),
                 }
                 match dead_letter::blocked_keys(&mut conn, &skip_topics).await {
                     Ok(n) => {
                         metrics.blocked_keys.set(n);
-                        // Alert-worthy but not every 10 s: when the count changes, else once a minute.
-                        if n > 0
-                            && (n != last_blocked
-                                || last_blocked_log.elapsed() >= Duration::from_secs(60))
-                        {
-                            tracing::error!(
-                                blocked_keys = n,
-                                "Ordering keys are blocked by dead letters: replay or discard them."
-                            );
-                            last_blocked_log = std::time::Instant::now();
-                        }
-                        last_blocked = n;
+                        blocked_log.log(n);
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "Counting the blocked ordering keys failed.")
                     }
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "No database connection for the backlog gauges."),
+            Err(e) => tracing::warn!(error = %e, "No database connection for the gauges."),
         }
         tokio::select! { _ = tokio::time::sleep(Duration::from_secs(10)) => {}, _ = shutdown.requested() => return }
+    }
+}
+
+/// Label sets a gauge family had at the last sample: those gone since are set to 0, so a drained
+/// topic reads 0 instead of its last value.
+#[derive(Default)]
+struct Seen {
+    backlog: Vec<Labels>,
+    oldest: Vec<Labels>,
+    dead: Vec<Labels>,
+}
+
+impl Seen {
+    fn reset(&mut self, family: &Family<Labels, Gauge>, now: impl Iterator<Item = Labels>) {
+        let now: Vec<Labels> = now.collect();
+        for gone in self.backlog.iter().filter(|l| !now.contains(l)) {
+            family.get_or_create(gone).set(0);
+        }
+        self.backlog = now;
+    }
+
+    fn reset_f64(
+        &mut self,
+        family: &Family<Labels, Gauge<f64, AtomicU64>>,
+        now: impl Iterator<Item = Labels>,
+    ) {
+        let now: Vec<Labels> = now.collect();
+        for gone in self.oldest.iter().filter(|l| !now.contains(l)) {
+            family.get_or_create(gone).set(0.0);
+        }
+        self.oldest = now;
+    }
+
+    fn reset_dead(&mut self, family: &Family<Labels, Gauge>, now: impl Iterator<Item = Labels>) {
+        let now: Vec<Labels> = now.collect();
+        for gone in self.dead.iter().filter(|l| !now.contains(l)) {
+            family.get_or_create(gone).set(0);
+        }
+        self.dead = now;
+    }
+}
+
+/// The once-a-minute progress line.
+struct Progress {
+    last_published: u64,
+    last_report: std::time::Instant,
+}
+
+impl Progress {
+    fn new(published: u64) -> Self {
+        Self {
+            last_published: published,
+            last_report: std::time::Instant::now(),
+        }
+    }
+
+    fn log(&mut self, metrics: &Metrics, backlog: &[outbox::TopicBacklog]) {
+        let elapsed = self.last_report.elapsed();
+        if elapsed < Duration::from_secs(60) {
+            return;
+        }
+        let published = metrics.published.get();
+        let delta = published - self.last_published;
+        let pending: i64 = backlog.iter().map(|t| t.pending).sum();
+        let oldest = backlog
+            .iter()
+            .map(|t| t.oldest_due_age_secs)
+            .fold(0.0, f64::max);
+        if delta > 0 || pending > 0 {
+            tracing::info!(
+                published = delta,
+                per_second = (delta as f64 / elapsed.as_secs_f64()).round(),
+                backlog = pending,
+                oldest_due_age_secs = oldest,
+                "Published messages in the last minute, and the backlog."
+            );
+        }
+        self.last_published = published;
+        self.last_report = std::time::Instant::now();
+    }
+}
+
+/// Blocked keys are alert-worthy but not every 10 s: logged when the count changes, else once a
+/// minute.
+struct BlockedLog {
+    last: i64,
+    logged_at: std::time::Instant,
+}
+
+impl Default for BlockedLog {
+    fn default() -> Self {
+        Self {
+            last: 0,
+            logged_at: std::time::Instant::now(),
+        }
+    }
+}
+
+impl BlockedLog {
+    fn log(&mut self, n: i64) {
+        if n > 0 && (n != self.last || self.logged_at.elapsed() >= Duration::from_secs(60)) {
+            tracing::error!(
+                blocked_keys = n,
+                "Ordering keys are blocked by dead letters: replay or discard them (dispatcher status names them)."
+            );
+            self.logged_at = std::time::Instant::now();
+        }
+        self.last = n;
+    }
+}
+
+/// Keeps this replica's heartbeat row fresh every 5 s; removes it (and rows of replicas gone for
+/// a day) on a clean stop.
+pub(crate) async fn heartbeat<P: Publish>(
+    d: Arc<Dispatch<P>>,
+    topics: Option<Vec<String>>,
+    mut shutdown: Shutdown,
+) {
+    let hostname = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".to_owned());
+    let started_at = Utc::now();
+    let pid = std::process::id();
+    let mut row = Replica {
+        replica_id: format!("{hostname}-{pid}-{}", started_at.timestamp_millis()),
+        hostname,
+        pid: i32::try_from(pid).unwrap_or(i32::MAX),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        topics,
+        started_at,
+        heartbeat_at: started_at,
+        breaker_open: false,
+        batches_in_flight: 0,
+        rows_in_flight: 0,
+    };
+    loop {
+        row.breaker_open = !d.breaker.is_closed();
+        (row.batches_in_flight, row.rows_in_flight) = d.in_flight();
+        match d.pool.acquire().await {
+            Ok(mut conn) => {
+                if let Err(e) = replica::heartbeat(&mut conn, &row).await {
+                    tracing::warn!(error = %e, "Writing the replica heartbeat failed; will retry.");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "No database connection for the replica heartbeat.")
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+            _ = shutdown.requested() => break,
+        }
+    }
+    if let Ok(mut conn) = d.pool.acquire().await {
+        let _ = replica::remove(&mut conn, &row.replica_id, 86_400).await;
     }
 }
 

@@ -3,7 +3,7 @@
 //! (`crate::batch::run_batch`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicI64, Ordering};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -32,6 +32,8 @@ pub(crate) struct Dispatch<P> {
     pub(crate) inflight: ByteBudget,
     pub(crate) keys: KeyWalk,
     pub(crate) stall_probe_after: Duration,
+    /// Batches claimed and not yet settled, and their rows (for the replica heartbeat).
+    in_flight: (AtomicI32, AtomicI32),
 }
 
 impl<P: Publish> Dispatch<P> {
@@ -57,7 +59,42 @@ impl<P: Publish> Dispatch<P> {
             inflight: ByteBudget::new(config.max_inflight_bytes),
             keys: KeyWalk::new(config.batch.batch_size),
             stall_probe_after: config.stall_probe_after,
+            in_flight: (AtomicI32::new(0), AtomicI32::new(0)),
         }
+    }
+}
+
+impl<P> Dispatch<P> {
+    /// Counts a claimed batch of `rows` as in flight until the guard drops.
+    pub(crate) fn hold(&self, rows: usize) -> InFlight<'_> {
+        let rows = i32::try_from(rows).unwrap_or(i32::MAX);
+        self.in_flight.0.fetch_add(1, Ordering::Relaxed);
+        self.in_flight.1.fetch_add(rows, Ordering::Relaxed);
+        InFlight {
+            counters: &self.in_flight,
+            rows,
+        }
+    }
+
+    /// (batches, rows) in flight now.
+    pub(crate) fn in_flight(&self) -> (i32, i32) {
+        (
+            self.in_flight.0.load(Ordering::Relaxed),
+            self.in_flight.1.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// A batch counted as in flight; uncounted when dropped (settled, failed or abandoned).
+pub(crate) struct InFlight<'a> {
+    counters: &'a (AtomicI32, AtomicI32),
+    rows: i32,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.counters.0.fetch_sub(1, Ordering::Relaxed);
+        self.counters.1.fetch_sub(self.rows, Ordering::Relaxed);
     }
 }
 

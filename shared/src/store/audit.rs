@@ -37,3 +37,49 @@ pub async fn record(conn: &mut PgConnection, action: &Action<'_>) -> Result<i64>
     .await
     .context("writing pubsub_outbox_audit")
 }
+
+/// One audit entry as operators read it.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow, serde::Serialize)]
+pub struct Entry {
+    /// Entry id.
+    pub id: i64,
+    /// When.
+    pub at: chrono::DateTime<chrono::Utc>,
+    /// Who.
+    pub actor: String,
+    /// What.
+    pub action: String,
+    /// The selection as given.
+    pub selector: sqlx::types::Json<serde_json::Value>,
+    /// The rows affected.
+    pub row_ids: Vec<i64>,
+    /// How many.
+    pub row_count: i32,
+    /// Why.
+    pub reason: String,
+}
+
+/// The audit trail, newest first, optionally narrowed to an action, an actor and a start time.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn list(
+    conn: &mut PgConnection,
+    action: Option<&str>,
+    actor: Option<&str>,
+    since: Option<chrono::DateTime<chrono::Utc>>,
+    limit: i64,
+) -> Result<Vec<Entry>> {
+    sqlx::query_as(
+        "SELECT id, at, actor, action, selector, row_ids, row_count, reason
+         FROM pubsub_outbox_audit
+         WHERE ($1::text IS NULL OR action = $1) AND ($2::text IS NULL OR actor = $2)
+           AND ($3::timestamptz IS NULL OR at >= $3)
+         ORDER BY id DESC LIMIT $4",
+    )
+    .bind(action)
+    .bind(actor)
+    .bind(since)
+    .bind(limit)
+    .fetch_all(&mut *conn)
+    .await
+    .context("reading pubsub_outbox_audit")
+}

@@ -51,6 +51,9 @@ pub async fn claim_batch(
              WHERE published_at IS NULL AND ordering_key IS NULL
                AND next_attempt_at <= $1
                AND ($3::text[] IS NULL OR topic = ANY($3))
+               -- Paused topics wait (a tiny table: a hashed anti-join).
+               AND NOT EXISTS (SELECT 1 FROM pubsub_outbox_paused_topic p
+                               WHERE p.topic = pubsub_outbox.topic)
              ORDER BY next_attempt_at, id
              LIMIT $2
              FOR UPDATE SKIP LOCKED)
@@ -162,6 +165,7 @@ pub async fn claim_ordered(
                  FOR UPDATE OF o SKIP LOCKED) head
              WHERE h.due <= $4
                AND ($5::text[] IS NULL OR h.topic = ANY($5))
+               AND NOT EXISTS (SELECT 1 FROM pubsub_outbox_paused_topic pt WHERE pt.topic = h.topic)
                AND (h.topic = ANY($6) OR NOT EXISTS (
                     SELECT 1 FROM pubsub_outbox_dead_letter d
                     WHERE d.topic = h.topic AND d.ordering_key = h.ordering_key))

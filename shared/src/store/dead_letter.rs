@@ -204,6 +204,93 @@ pub async fn list(
     .context("listing pubsub_outbox_dead_letter")
 }
 
+/// Which dead letters an operator means. Every field narrows the selection; an empty filter
+/// selects everything (callers refuse that for bulk actions).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Filter {
+    /// These entry ids only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ids: Option<Vec<i64>>,
+    /// Full topic name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
+    /// permanent / exhausted / rejected.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_kind: Option<String>,
+    /// This ordering key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ordering_key: Option<String>,
+    /// Dedupe keys starting with this.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dedupe_prefix: Option<String>,
+    /// Failed before this instant.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed_before: Option<DateTime<Utc>>,
+    /// Failed after this instant.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed_after: Option<DateTime<Utc>>,
+    /// Text the error contains (case-insensitive).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_contains: Option<String>,
+}
+
+impl Filter {
+    /// Whether nothing narrows it.
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+}
+
+/// Dead letters matching `filter`, newest first, at most `limit`, older than entry `before_id`
+/// when given (the next page).
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn select(
+    conn: &mut PgConnection,
+    filter: &Filter,
+    limit: i64,
+    before_id: Option<i64>,
+) -> Result<Vec<DeadLetter>> {
+    sqlx::query_as(
+        "SELECT id, outbox_id, topic, ordering_key, dedupe_key, payload, attributes, created_at,
+                failed_at, attempts, error_kind, last_error, source
+         FROM pubsub_outbox_dead_letter
+         WHERE ($1::bigint[] IS NULL OR id = ANY($1))
+           AND ($2::text IS NULL OR topic = $2)
+           AND ($3::text IS NULL OR error_kind = $3)
+           AND ($4::text IS NULL OR ordering_key = $4)
+           AND ($5::text IS NULL OR starts_with(dedupe_key, $5))
+           AND ($6::timestamptz IS NULL OR failed_at < $6)
+           AND ($7::timestamptz IS NULL OR failed_at > $7)
+           AND ($8::text IS NULL OR strpos(lower(last_error), lower($8)) > 0)
+           AND ($9::bigint IS NULL OR id < $9)
+         ORDER BY id DESC
+         LIMIT $10",
+    )
+    .bind(&filter.ids)
+    .bind(&filter.topic)
+    .bind(&filter.error_kind)
+    .bind(&filter.ordering_key)
+    .bind(&filter.dedupe_prefix)
+    .bind(filter.failed_before)
+    .bind(filter.failed_after)
+    .bind(&filter.error_contains)
+    .bind(before_id)
+    .bind(limit)
+    .fetch_all(&mut *conn)
+    .await
+    .context("selecting from pubsub_outbox_dead_letter")
+}
+
+/// One dead letter by id.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn get(conn: &mut PgConnection, id: i64) -> Result<Option<DeadLetter>> {
+    let filter = Filter {
+        ids: Some(vec![id]),
+        ..Filter::default()
+    };
+    Ok(select(conn, &filter, 1, None).await?.into_iter().next())
+}
+
 /// Puts dead letters back into the outbox (attempts reset, due now) and removes them here.
 /// A message keeps its original outbox id, so it goes out **ahead of** the later messages of its
 /// ordering key that waited behind it. Returns the ids replayed; a dead letter whose dedupe key is
@@ -244,6 +331,22 @@ pub async fn blocked_keys(conn: &mut PgConnection, skip_topics: &[String]) -> Re
     .fetch_one(&mut *conn)
     .await
     .context("counting ordering keys blocked by dead letters")
+}
+
+/// Dead letters per (topic, kind), only `topics` when given (cheap gauges).
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn counts(
+    conn: &mut PgConnection,
+    topics: Option<&[String]>,
+) -> Result<Vec<(String, String, i64)>> {
+    sqlx::query_as(
+        "SELECT topic, error_kind, count(*) FROM pubsub_outbox_dead_letter
+         WHERE ($1::text[] IS NULL OR topic = ANY($1)) GROUP BY topic, error_kind",
+    )
+    .bind(topics)
+    .fetch_all(&mut *conn)
+    .await
+    .context("counting pubsub_outbox_dead_letter by topic and kind")
 }
 
 /// Deletes dead letters for good. Returns the ids discarded.

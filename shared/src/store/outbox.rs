@@ -249,6 +249,49 @@ pub async fn backlog(conn: &mut PgConnection, now: DateTime<Utc>, cap: i64) -> R
     })
 }
 
+/// One topic's backlog figures.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopicBacklog {
+    /// Full topic name.
+    pub topic: String,
+    /// Unpublished rows (among the first `cap` read).
+    pub pending: i64,
+    /// Age in seconds of the oldest row due now (0 when none is due).
+    pub oldest_due_age_secs: f64,
+}
+
+/// Backlog per topic (only `topics` when given), reading at most `cap` unpublished rows.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn backlog_by_topic(
+    conn: &mut PgConnection,
+    now: DateTime<Utc>,
+    topics: Option<&[String]>,
+    cap: i64,
+) -> Result<Vec<TopicBacklog>> {
+    let rows: Vec<(String, i64, Option<f64>)> = sqlx::query_as(
+        "SELECT topic, count(*),
+                EXTRACT(EPOCH FROM ($1 - min(created_at) FILTER (WHERE next_attempt_at <= $1)))::float8
+         FROM (SELECT topic, created_at, next_attempt_at FROM pubsub_outbox
+               WHERE published_at IS NULL AND ($2::text[] IS NULL OR topic = ANY($2))
+               LIMIT $3) s
+         GROUP BY topic",
+    )
+    .bind(now)
+    .bind(topics)
+    .bind(cap)
+    .fetch_all(&mut *conn)
+    .await
+    .context("reading the pubsub_outbox backlog per topic")?;
+    Ok(rows
+        .into_iter()
+        .map(|(topic, pending, age)| TopicBacklog {
+            topic,
+            pending,
+            oldest_due_age_secs: age.unwrap_or(0.0).max(0.0),
+        })
+        .collect())
+}
+
 /// Reads one row by id (operators and tests).
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn get(conn: &mut PgConnection, id: i64) -> Result<Option<OutboxRow>> {

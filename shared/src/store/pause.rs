@@ -1,0 +1,63 @@
+//! `pubsub_outbox_paused_topic`: topics whose rows are not claimed until they are resumed. The
+//! claims (`super::claim`) skip paused topics; rows keep accumulating and nothing is charged.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+
+use crate::error::{DbContext, Result};
+
+/// A paused topic.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
+pub struct PausedTopic {
+    /// Full topic name.
+    pub topic: String,
+    /// Since when.
+    pub paused_at: DateTime<Utc>,
+    /// Who paused it.
+    pub paused_by: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// Pauses `topic`; returns false if it was paused already (nothing changes then).
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn pause(
+    conn: &mut PgConnection,
+    topic: &str,
+    actor: &str,
+    reason: &str,
+) -> Result<bool> {
+    let r = sqlx::query(
+        "INSERT INTO pubsub_outbox_paused_topic (topic, paused_by, reason) VALUES ($1, $2, $3)
+         ON CONFLICT (topic) DO NOTHING",
+    )
+    .bind(topic)
+    .bind(actor)
+    .bind(reason)
+    .execute(&mut *conn)
+    .await
+    .context("pausing a topic in pubsub_outbox_paused_topic")?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// Resumes `topic`; returns false if it was not paused.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn resume(conn: &mut PgConnection, topic: &str) -> Result<bool> {
+    let r = sqlx::query("DELETE FROM pubsub_outbox_paused_topic WHERE topic = $1")
+        .bind(topic)
+        .execute(&mut *conn)
+        .await
+        .context("resuming a topic in pubsub_outbox_paused_topic")?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// Every paused topic.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn list(conn: &mut PgConnection) -> Result<Vec<PausedTopic>> {
+    sqlx::query_as(
+        "SELECT topic, paused_at, paused_by, reason FROM pubsub_outbox_paused_topic ORDER BY topic",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .context("listing pubsub_outbox_paused_topic")
+}

@@ -1,0 +1,97 @@
+//! `pubsub_outbox_replica`: one heartbeat row per running dispatcher process, so operators (and
+//! `status`) can see which replicas are alive, their breaker and what they hold in flight. Row
+//! locks are invisible to other connections; this table is the cheap, explicit substitute.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+
+use crate::error::{DbContext, Result};
+
+/// What a replica reports about itself.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
+pub struct Replica {
+    /// Unique per process (host, pid, start time).
+    pub replica_id: String,
+    /// The host (the pod name on GKE).
+    pub hostname: String,
+    /// The process id.
+    pub pid: i32,
+    /// The dispatcher's version.
+    pub version: String,
+    /// The topics it serves (None: all).
+    pub topics: Option<Vec<String>>,
+    /// When it started.
+    pub started_at: DateTime<Utc>,
+    /// Its last heartbeat.
+    pub heartbeat_at: DateTime<Utc>,
+    /// Whether its circuit breaker is open (Pub/Sub unreachable from it).
+    pub breaker_open: bool,
+    /// Batches it holds (claimed, not yet settled).
+    pub batches_in_flight: i32,
+    /// Rows in those batches.
+    pub rows_in_flight: i32,
+}
+
+/// Writes (or refreshes) `r`'s row, stamping the heartbeat with the server's clock.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn heartbeat(conn: &mut PgConnection, r: &Replica) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO pubsub_outbox_replica (replica_id, hostname, pid, version, topics, started_at,
+                                            heartbeat_at, breaker_open, batches_in_flight, rows_in_flight)
+         VALUES ($1, $2, $3, $4, $5, $6, now(), $7, $8, $9)
+         ON CONFLICT (replica_id) DO UPDATE SET heartbeat_at = now(),
+             breaker_open = EXCLUDED.breaker_open, batches_in_flight = EXCLUDED.batches_in_flight,
+             rows_in_flight = EXCLUDED.rows_in_flight",
+    )
+    .bind(&r.replica_id)
+    .bind(&r.hostname)
+    .bind(r.pid)
+    .bind(&r.version)
+    .bind(&r.topics)
+    .bind(r.started_at)
+    .bind(r.breaker_open)
+    .bind(r.batches_in_flight)
+    .bind(r.rows_in_flight)
+    .execute(&mut *conn)
+    .await
+    .context("writing the replica heartbeat in pubsub_outbox_replica")?;
+    Ok(())
+}
+
+/// Removes a replica's row (a clean shutdown), and rows whose heartbeat is older than
+/// `forget_after` (replicas long gone).
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn remove(
+    conn: &mut PgConnection,
+    replica_id: &str,
+    forget_after_secs: i64,
+) -> Result<()> {
+    sqlx::query(
+        "DELETE FROM pubsub_outbox_replica
+         WHERE replica_id = $1 OR heartbeat_at < now() - make_interval(secs => $2)",
+    )
+    .bind(replica_id)
+    .bind(forget_after_secs as f64)
+    .execute(&mut *conn)
+    .await
+    .context("removing a replica from pubsub_outbox_replica")?;
+    Ok(())
+}
+
+/// Every replica row, newest heartbeat first, with the server's `now()` to judge staleness by.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn list(conn: &mut PgConnection) -> Result<(DateTime<Utc>, Vec<Replica>)> {
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&mut *conn)
+        .await
+        .context("reading the server clock")?;
+    let replicas = sqlx::query_as(
+        "SELECT replica_id, hostname, pid, version, topics, started_at, heartbeat_at, breaker_open,
+                batches_in_flight, rows_in_flight
+         FROM pubsub_outbox_replica ORDER BY heartbeat_at DESC",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .context("listing pubsub_outbox_replica")?;
+    Ok((now, replicas))
+}

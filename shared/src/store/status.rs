@@ -1,0 +1,216 @@
+//! What `dispatcher status` reads: per-topic queue state, blocked ordering keys, producer
+//! streams, long transactions and the outbox table's health. Read-only; every query is here so
+//! README's "the SQL status runs" can point at one file.
+//!
+//! The per-topic counts scan the unpublished rows once (an operator command, not a hot path).
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgConnection;
+
+use crate::error::{DbContext, Result};
+
+/// One topic's queue.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct TopicState {
+    /// Full topic name.
+    pub topic: String,
+    /// Unpublished rows due now.
+    pub due_now: i64,
+    /// Unpublished rows waiting for a retry (or a later due time).
+    pub waiting: i64,
+    /// When the next waiting row becomes due.
+    pub next_due_at: Option<DateTime<Utc>>,
+    /// Seconds since the oldest due row was enqueued (0: none due).
+    pub oldest_due_age_seconds: f64,
+    /// Dead letters, permanent.
+    pub dead_permanent: i64,
+    /// Dead letters, exhausted.
+    pub dead_exhausted: i64,
+    /// Dead letters, rejected by the producer.
+    pub dead_rejected: i64,
+    /// Dead letters that failed in the last 15 minutes.
+    pub dead_recent: i64,
+    /// Whether the topic is paused.
+    pub paused: bool,
+}
+
+/// Every topic that has unpublished rows, dead letters or a pause.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn topics(conn: &mut PgConnection, now: DateTime<Utc>) -> Result<Vec<TopicState>> {
+    sqlx::query_as(
+        "WITH q AS (
+             SELECT topic,
+                    count(*) FILTER (WHERE next_attempt_at <= $1) AS due_now,
+                    count(*) FILTER (WHERE next_attempt_at > $1) AS waiting,
+                    min(next_attempt_at) FILTER (WHERE next_attempt_at > $1) AS next_due_at,
+                    min(created_at) FILTER (WHERE next_attempt_at <= $1) AS oldest_due
+             FROM pubsub_outbox WHERE published_at IS NULL GROUP BY topic
+         ), d AS (
+             SELECT topic,
+                    count(*) FILTER (WHERE error_kind = 'permanent') AS dead_permanent,
+                    count(*) FILTER (WHERE error_kind = 'exhausted') AS dead_exhausted,
+                    count(*) FILTER (WHERE error_kind = 'rejected') AS dead_rejected,
+                    count(*) FILTER (WHERE failed_at > $1 - interval '15 minutes') AS dead_recent
+             FROM pubsub_outbox_dead_letter GROUP BY topic
+         ), t AS (
+             SELECT topic FROM q UNION SELECT topic FROM d
+             UNION SELECT topic FROM pubsub_outbox_paused_topic
+         )
+         SELECT t.topic,
+                COALESCE(q.due_now, 0) AS due_now, COALESCE(q.waiting, 0) AS waiting, q.next_due_at,
+                COALESCE(EXTRACT(EPOCH FROM ($1 - q.oldest_due))::float8, 0) AS oldest_due_age_seconds,
+                COALESCE(d.dead_permanent, 0) AS dead_permanent,
+                COALESCE(d.dead_exhausted, 0) AS dead_exhausted,
+                COALESCE(d.dead_rejected, 0) AS dead_rejected,
+                COALESCE(d.dead_recent, 0) AS dead_recent,
+                EXISTS (SELECT 1 FROM pubsub_outbox_paused_topic p WHERE p.topic = t.topic) AS paused
+         FROM t LEFT JOIN q USING (topic) LEFT JOIN d USING (topic)
+         ORDER BY t.topic",
+    )
+    .bind(now)
+    .fetch_all(&mut *conn)
+    .await
+    .context("reading the per-topic queue state")
+}
+
+/// An ordering key held back by a dead letter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct BlockedKey {
+    /// Full topic name.
+    pub topic: String,
+    /// The key.
+    pub ordering_key: String,
+    /// The dead letter holding it (the oldest, if several).
+    pub dead_letter_id: i64,
+    /// Messages of the key waiting in the outbox.
+    pub waiting: i64,
+}
+
+/// Keys with a dead letter, except on topics in `skip_topics` (which skip dead letters).
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn blocked_keys(
+    conn: &mut PgConnection,
+    skip_topics: &[String],
+) -> Result<Vec<BlockedKey>> {
+    sqlx::query_as(
+        "SELECT d.topic, d.ordering_key, min(d.id) AS dead_letter_id,
+                (SELECT count(*) FROM pubsub_outbox o
+                 WHERE o.topic = d.topic AND o.ordering_key = d.ordering_key
+                   AND o.published_at IS NULL) AS waiting
+         FROM pubsub_outbox_dead_letter d
+         WHERE d.ordering_key IS NOT NULL AND NOT (d.topic = ANY($1))
+         GROUP BY d.topic, d.ordering_key
+         ORDER BY d.topic, d.ordering_key",
+    )
+    .bind(skip_topics)
+    .fetch_all(&mut *conn)
+    .await
+    .context("listing ordering keys blocked by dead letters")
+}
+
+/// A producer stream: its watermark and last run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct StreamState {
+    /// Stream name.
+    pub stream: String,
+    /// Watermark timestamp, UNIX microseconds.
+    pub watermark_micros: i64,
+    /// Watermark tie-breaker.
+    pub watermark_key: String,
+    /// When the watermark last moved.
+    pub watermark_updated_at: DateTime<Utc>,
+    /// The last run's start.
+    pub last_run_started_at: Option<DateTime<Utc>>,
+    /// The last run's end.
+    pub last_run_finished_at: Option<DateTime<Utc>>,
+    /// running / succeeded / failed / skipped / abandoned.
+    pub last_run_outcome: Option<String>,
+    /// Rows the last run enqueued.
+    pub last_run_enqueued: Option<i64>,
+    /// Its error, if it failed.
+    pub last_run_error: Option<String>,
+}
+
+/// Every stream with a watermark.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn streams(conn: &mut PgConnection) -> Result<Vec<StreamState>> {
+    sqlx::query_as(
+        "SELECT w.stream, w.cursor_micros AS watermark_micros, w.cursor_key AS watermark_key,
+                w.updated_at AS watermark_updated_at, r.started_at AS last_run_started_at,
+                r.finished_at AS last_run_finished_at, r.outcome AS last_run_outcome,
+                r.rows_enqueued AS last_run_enqueued, r.error AS last_run_error
+         FROM producer_watermark w
+         LEFT JOIN LATERAL (SELECT * FROM producer_run p WHERE p.stream = w.stream
+                            ORDER BY p.started_at DESC LIMIT 1) r ON true
+         ORDER BY w.stream",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .context("reading the producer streams")
+}
+
+/// A transaction that pins the vacuum horizon.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct LongTransaction {
+    /// Backend pid.
+    pub pid: i32,
+    /// Its application name.
+    pub application_name: String,
+    /// Its state (active, idle in transaction, ...).
+    pub state: Option<String>,
+    /// Seconds since the transaction began.
+    pub age_seconds: f64,
+    /// Its database.
+    pub database: Option<String>,
+}
+
+/// Transactions anywhere on the server older than `older_than_secs` that hold back the vacuum
+/// horizon (a snapshot, `backend_xmin`, or a transaction id, `backend_xid`): vacuum cannot remove
+/// the outbox's dead rows behind them.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn long_transactions(
+    conn: &mut PgConnection,
+    older_than_secs: f64,
+) -> Result<Vec<LongTransaction>> {
+    sqlx::query_as(
+        "SELECT pid, application_name, state,
+                EXTRACT(EPOCH FROM (now() - xact_start))::float8 AS age_seconds,
+                datname::text AS database
+         FROM pg_stat_activity
+         WHERE xact_start < now() - make_interval(secs => $1)
+           AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) AND pid <> pg_backend_pid()
+         ORDER BY xact_start",
+    )
+    .bind(older_than_secs)
+    .fetch_all(&mut *conn)
+    .await
+    .context("reading long transactions from pg_stat_activity")
+}
+
+/// The outbox table's size and dead tuples.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct TableHealth {
+    /// Live rows (statistics estimate).
+    pub live_rows: i64,
+    /// Dead rows waiting for vacuum (statistics estimate).
+    pub dead_rows: i64,
+    /// Table, indexes and TOAST, in bytes.
+    pub total_bytes: i64,
+    /// The last (auto)vacuum.
+    pub last_vacuum: Option<DateTime<Utc>>,
+}
+
+/// `pubsub_outbox`'s health from the statistics views.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn outbox_table(conn: &mut PgConnection) -> Result<TableHealth> {
+    sqlx::query_as(
+        "SELECT COALESCE(n_live_tup, 0) AS live_rows, COALESCE(n_dead_tup, 0) AS dead_rows,
+                pg_total_relation_size('pubsub_outbox') AS total_bytes,
+                GREATEST(last_vacuum, last_autovacuum) AS last_vacuum
+         FROM pg_stat_user_tables WHERE relname = 'pubsub_outbox'",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .context("reading pubsub_outbox statistics")
+}
