@@ -249,6 +249,7 @@ impl TryFrom<&RunArgs> for DispatcherConfig {
                 publish_timeout: p.publish_timeout,
                 dedupe_attribute: p.dedupe_attribute.clone(),
                 publish_delay: p.publish_delay,
+                lanes: usize::from(a.workers),
             },
             workers: usize::from(a.workers),
             max_inflight_bytes: a.max_inflight_bytes,

@@ -150,6 +150,8 @@ pub struct PubsubConfig {
     pub dedupe_attribute: String,
     /// How long the client may wait to fill a request.
     pub publish_delay: Duration,
+    /// Publisher lanes (one per worker, so every worker can have a request in flight).
+    pub lanes: usize,
 }
 
 impl Default for PubsubConfig {
@@ -161,6 +163,7 @@ impl Default for PubsubConfig {
             publish_timeout: Duration::from_secs(20),
             dedupe_attribute: DEFAULT_DEDUPE_ATTRIBUTE.to_owned(),
             publish_delay: Duration::from_millis(5),
+            lanes: 4,
         }
     }
 }

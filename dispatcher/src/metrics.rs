@@ -29,6 +29,8 @@ pub struct Metrics {
     pub dead_lettered: Family<KindLabel, Counter>,
     /// Batches released untouched because Pub/Sub was unreachable.
     pub outage_batches: Counter,
+    /// Claims that found nothing due (idle polls and wake-ups that found the work taken).
+    pub empty_claims: Counter,
     /// Batches whose permanent publish failures were isolated (each message published alone).
     pub isolations: Counter,
     /// Messages published alone to isolate a permanent failure.
@@ -64,6 +66,7 @@ impl Metrics {
             retried: Counter::default(),
             dead_lettered: Family::default(),
             outage_batches: Counter::default(),
+            empty_claims: Counter::default(),
             isolations: Counter::default(),
             isolation_publishes: Counter::default(),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
@@ -102,6 +105,11 @@ impl Metrics {
             "outage_batches",
             "Batches released untouched because Pub/Sub was unreachable",
             m.outage_batches.clone(),
+        );
+        r.register(
+            "empty_claims",
+            "Claims that found nothing due",
+            m.empty_claims.clone(),
         );
         r.register(
             "isolations",

@@ -53,7 +53,7 @@ const KEYED_PUBLISHER_MAX_KEYS: usize = 1_000;
 /// How long a probe (`GetTopic`) may take before the broker counts as unreachable.
 const PROBE_DEADLINE: Duration = Duration::from_secs(2);
 
-/// The publishers of one topic.
+/// The publishers of one topic in one lane.
 #[derive(Debug)]
 struct TopicPublishers {
     unkeyed: Publisher,
@@ -61,12 +61,42 @@ struct TopicPublishers {
     keys_seen: HashSet<String>,
 }
 
+/// Lanes of publishers, one per concurrent caller (worker): the client's `flush()` waits for every
+/// in-flight batch of *its* publisher before it reads its queue again, so workers sharing one
+/// publisher would get one request in flight per process. Each call takes a free lane for its
+/// whole batch and gives it back after; a key may use another lane on its next batch, which is
+/// safe because a key's next batch starts only after this one settled.
+#[derive(Debug)]
+struct Lanes {
+    topics: Vec<HashMap<String, TopicPublishers>>,
+    free: Vec<usize>,
+    next: usize,
+}
+
+/// A lane taken for one publish; given back when dropped.
+struct LaneGuard<'a> {
+    lanes: &'a Mutex<Lanes>,
+    lane: usize,
+}
+
+impl Drop for LaneGuard<'_> {
+    fn drop(&mut self) {
+        let mut lanes = match self.lanes.lock() {
+            Ok(l) => l,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if !lanes.free.contains(&self.lane) {
+            lanes.free.push(self.lane);
+        }
+    }
+}
+
 /// [`Publish`] over the official `google-cloud-pubsub` client.
 #[derive(Debug, Clone)]
 pub struct PubsubPublisher {
     base: BasePublisher,
     admin: TopicAdmin,
-    publishers: Arc<Mutex<HashMap<String, TopicPublishers>>>,
+    lanes: Arc<Mutex<Lanes>>,
     timeout: Duration,
     delay: Duration,
     dedupe_attribute: String,
@@ -115,7 +145,11 @@ impl PubsubPublisher {
         Ok(Self {
             base,
             admin,
-            publishers: Arc::default(),
+            lanes: Arc::new(Mutex::new(Lanes {
+                topics: (0..args.lanes.max(1)).map(|_| HashMap::new()).collect(),
+                free: (0..args.lanes.max(1)).rev().collect(),
+                next: 0,
+            })),
             timeout: args.publish_timeout,
             delay: args.publish_delay,
             dedupe_attribute: args.dedupe_attribute.clone(),
@@ -133,15 +167,23 @@ impl PubsubPublisher {
             .build()
     }
 
-    /// Picks a publisher for every message of `batch` (in order), creating or rotating the
+    /// Takes a free lane (or, with more callers than lanes, shares one round-robin) and picks a
+    /// publisher of it for every message of `batch` (in order), creating or rotating the lane's
     /// per-topic publishers first. Rotation happens only here, between batches, so all messages
-    /// of one key in one batch share a publisher; and a key is never in flight in two publishers,
-    /// because a key belongs to one worker until its batch commits.
-    fn route(&self, batch: &[ClaimedMessage]) -> Vec<Publisher> {
-        let mut map = match self.publishers.lock() {
-            Ok(map) => map,
+    /// of one key in one batch share a publisher.
+    fn route(&self, batch: &[ClaimedMessage]) -> (LaneGuard<'_>, Vec<Publisher>) {
+        let mut lanes = match self.lanes.lock() {
+            Ok(l) => l,
             Err(poisoned) => poisoned.into_inner(),
         };
+        let lane = match lanes.free.pop() {
+            Some(lane) => lane,
+            None => {
+                lanes.next = (lanes.next + 1) % lanes.topics.len();
+                lanes.next
+            }
+        };
+        let map = &mut lanes.topics[lane];
         let mut new_keys: HashMap<&str, HashSet<&str>> = HashMap::new();
         for m in batch {
             let entry = new_keys.entry(m.topic.as_str()).or_default();
@@ -169,7 +211,7 @@ impl PubsubPublisher {
                 .keys_seen
                 .extend(unseen.into_iter().map(str::to_owned));
         }
-        batch
+        let routes = batch
             .iter()
             .map(|m| {
                 // Every topic of the batch has an entry now; the fallback is never used.
@@ -184,7 +226,13 @@ impl PubsubPublisher {
                     },
                 )
             })
-            .collect()
+            .collect();
+        drop(lanes);
+        let guard = LaneGuard {
+            lanes: &self.lanes,
+            lane,
+        };
+        (guard, routes)
     }
 
     fn to_message(&self, m: &ClaimedMessage) -> Message {
@@ -210,7 +258,7 @@ fn anonymous() -> google_cloud_auth::credentials::Credentials {
 
 impl Publish for PubsubPublisher {
     async fn publish(&self, batch: &[ClaimedMessage]) -> BatchResult {
-        let routes = self.route(batch);
+        let (_lane, routes) = self.route(batch);
         let mut pending = Vec::with_capacity(batch.len());
         let mut to_flush: HashMap<(&str, bool), &Publisher> = HashMap::new();
         for (m, publisher) in batch.iter().zip(&routes) {
@@ -275,10 +323,11 @@ impl Publish for PubsubPublisher {
     }
 
     fn resume(&self, topic: &str, ordering_key: &str) {
-        if let Ok(map) = self.publishers.lock()
-            && let Some(p) = map.get(topic)
-        {
-            p.keyed.resume_publish(ordering_key);
+        // The lane that paused it is not remembered: resume it everywhere (a no-op elsewhere).
+        if let Ok(lanes) = self.lanes.lock() {
+            for p in lanes.topics.iter().filter_map(|m| m.get(topic)) {
+                p.keyed.resume_publish(ordering_key);
+            }
         }
     }
 }

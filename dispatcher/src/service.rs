@@ -187,7 +187,6 @@ impl<P: Publish> Dispatcher<P> {
                 dispatch.clone(),
                 n,
                 wakeup.clone(),
-                config.idle,
                 shutdown.clone(),
             ));
         }

@@ -102,7 +102,9 @@ pub(crate) async fn listen(
         loop {
             tokio::select! {
                 n = listener.recv() => match n {
-                    Ok(_) => wakeup.notify_waiters(),
+                    // One notification (one committed transaction) wakes one idle worker; a worker
+                    // that then finds a full batch wakes the next.
+                    Ok(_) => wakeup.notify_one(),
                     Err(e) => {
                         tracing::warn!(error = %e, "The LISTEN connection was lost; reconnecting.");
                         break;

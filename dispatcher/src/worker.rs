@@ -3,7 +3,7 @@
 //! (`crate::batch::run_batch`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI32, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -34,6 +34,8 @@ pub(crate) struct Dispatch<P> {
     pub(crate) stall_probe_after: Duration,
     /// Batches claimed and not yet settled, and their rows (for the replica heartbeat).
     in_flight: (AtomicI32, AtomicI32),
+    /// The idle workers' shared poll interval.
+    pub(crate) idle: SharedIdle,
 }
 
 impl<P: Publish> Dispatch<P> {
@@ -60,6 +62,7 @@ impl<P: Publish> Dispatch<P> {
             keys: KeyWalk::new(config.batch.batch_size),
             stall_probe_after: config.stall_probe_after,
             in_flight: (AtomicI32::new(0), AtomicI32::new(0)),
+            idle: SharedIdle::new(config.idle),
         }
     }
 }
@@ -170,16 +173,56 @@ impl KeyWalk {
     }
 }
 
-/// Runs batches until shutdown: back-to-back while there is work, waiting on NOTIFY or a poll
-/// interval that doubles while idle. A batch in flight when shutdown arrives is finished.
+/// How long idle workers sleep between polls, shared by the workers of a process: any worker
+/// that finds rows resets it to `--poll-interval`, an idle one that found nothing doubles it up to
+/// `--max-poll-interval`. (Per-worker waits let a worker back off to the maximum while the others
+/// kept finding rows, which gave poll-only mode a tail of the maximum wait.)
+#[derive(Debug)]
+pub(crate) struct SharedIdle {
+    wait_ms: AtomicU64,
+    idle: Idle,
+}
+
+impl SharedIdle {
+    pub(crate) fn new(idle: Idle) -> Self {
+        Self {
+            wait_ms: AtomicU64::new(millis(idle.poll_interval)),
+            idle,
+        }
+    }
+
+    fn current(&self) -> Duration {
+        Duration::from_millis(self.wait_ms.load(Ordering::Relaxed))
+    }
+
+    fn found_work(&self) {
+        self.wait_ms
+            .store(millis(self.idle.poll_interval), Ordering::Relaxed);
+    }
+
+    fn found_nothing(&self) {
+        let max = millis(self.idle.max_poll_interval);
+        let _ = self
+            .wait_ms
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+                Some(w.saturating_mul(2).clamp(1, max.max(1)))
+            });
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Runs batches until shutdown: back-to-back while there is work, waiting on NOTIFY or the shared
+/// poll interval while idle. One NOTIFY wakes one idle worker; a worker that claimed a full batch
+/// wakes the next (there is likely more). A batch in flight when shutdown arrives is finished.
 pub(crate) async fn work<P: Publish>(
     d: Arc<Dispatch<P>>,
     worker: usize,
     wakeup: Arc<Notify>,
-    idle: Idle,
     mut shutdown: Shutdown,
 ) {
-    let mut wait = idle.poll_interval;
     let mut error_backoff = Duration::from_millis(200);
     loop {
         d.heartbeats.beat(worker);
@@ -202,16 +245,20 @@ pub(crate) async fn work<P: Publish>(
                     dead_lettered = s.dead_lettered,
                     "Batch settled."
                 );
-                wait = idle.poll_interval;
+                d.idle.found_work();
+                if s.claimed as i64 >= d.settings.batch_size {
+                    wakeup.notify_one();
+                }
                 error_backoff = Duration::from_millis(200);
             }
             Ok(BatchOutcome::Outage { error, released }) => {
                 tracing::debug!(worker, released, %error, "Batch released: Pub/Sub is unreachable.");
             }
             Ok(BatchOutcome::Empty) => {
+                d.metrics.empty_claims.inc();
                 tokio::select! {
-                    _ = notified => { wait = idle.poll_interval; }
-                    _ = tokio::time::sleep(wait) => { wait = (wait * 2).min(idle.max_poll_interval); }
+                    _ = notified => {}
+                    _ = tokio::time::sleep(d.idle.current()) => d.idle.found_nothing(),
                     _ = shutdown.requested() => break,
                 }
             }

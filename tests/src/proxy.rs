@@ -15,6 +15,9 @@ use tokio::task::AbortHandle;
 struct State {
     down: AtomicBool,
     stalled: AtomicBool,
+    /// HTTP/2 requests (streams) open now across connections, and the most seen at once.
+    h2_open: AtomicU64,
+    h2_max: AtomicU64,
     delay_ms: AtomicU64,
     connections: Mutex<Vec<AbortHandle>>,
 }
@@ -54,9 +57,23 @@ impl TcpProxy {
                     let _ = server.set_nodelay(true);
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
-                    let up = pipe(cr, sw, st2.clone());
-                    let down = pipe(sr, cw, st2);
+                    let streams = Arc::new(Mutex::new(H2Streams::default()));
+                    let up = pipe(
+                        cr,
+                        sw,
+                        st2.clone(),
+                        Some((Direction::ToServer, streams.clone())),
+                    );
+                    let down = pipe(
+                        sr,
+                        cw,
+                        st2.clone(),
+                        Some((Direction::ToClient, streams.clone())),
+                    );
                     let _ = tokio::join!(up, down);
+                    // Streams still open when the connection ends are over too.
+                    let left = streams.lock().map(|s| s.open.len() as u64).unwrap_or(0);
+                    st2.h2_open.fetch_sub(left, Ordering::SeqCst);
                 });
                 if let Ok(mut list) = st.connections.lock() {
                     list.retain(|h| !h.is_finished());
@@ -94,6 +111,13 @@ impl TcpProxy {
         self.state.stalled.store(stalled, Ordering::SeqCst);
     }
 
+    /// The most HTTP/2 requests (gRPC calls) that were in flight at once through the proxy, across
+    /// its connections: a request opens with the client's HEADERS on a new stream and ends with
+    /// the server's END_STREAM (or a reset). Plain HTTP/1 connections are not counted.
+    pub fn max_requests_in_flight(&self) -> u64 {
+        self.state.h2_max.load(Ordering::SeqCst)
+    }
+
     /// Delays every chunk forwarded (both directions) by `delay`.
     pub fn set_delay(&self, delay: Duration) {
         self.state.delay_ms.store(
@@ -114,6 +138,7 @@ async fn pipe(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     state: Arc<State>,
+    h2: Option<(Direction, Arc<Mutex<H2Streams>>)>,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -126,6 +151,11 @@ async fn pipe(
         if delay > 0 {
             tokio::time::sleep(Duration::from_millis(delay)).await;
         }
+        if let Some((dir, streams)) = &h2
+            && let Ok(mut s) = streams.lock()
+        {
+            s.feed(*dir, &buf[..n], &state);
+        }
         wait_while_stalled(&state).await;
         if to.write_all(&buf[..n]).await.is_err() {
             break;
@@ -137,5 +167,76 @@ async fn pipe(
 async fn wait_while_stalled(state: &State) {
     while state.stalled.load(Ordering::SeqCst) {
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    ToServer,
+    ToClient,
+}
+
+/// Just enough HTTP/2 framing to count requests: the 9-byte frame headers of both directions.
+#[derive(Debug, Default)]
+struct H2Streams {
+    /// Whether the client sent the HTTP/2 preface (else this is not an HTTP/2 connection).
+    h2: Option<bool>,
+    to_server: Vec<u8>,
+    to_client: Vec<u8>,
+    open: std::collections::HashSet<u32>,
+}
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+impl H2Streams {
+    fn feed(&mut self, dir: Direction, bytes: &[u8], state: &State) {
+        let buf = match dir {
+            Direction::ToServer => &mut self.to_server,
+            Direction::ToClient => &mut self.to_client,
+        };
+        buf.extend_from_slice(bytes);
+        if self.h2.is_none() && dir == Direction::ToServer && self.to_server.len() >= PREFACE.len()
+        {
+            let is_h2 = self.to_server.starts_with(PREFACE);
+            self.h2 = Some(is_h2);
+            if is_h2 {
+                self.to_server.drain(..PREFACE.len());
+            }
+        }
+        if self.h2 != Some(true) {
+            if self.h2 == Some(false) {
+                self.to_server.clear();
+                self.to_client.clear();
+            }
+            return;
+        }
+        let buf = match dir {
+            Direction::ToServer => &mut self.to_server,
+            Direction::ToClient => &mut self.to_client,
+        };
+        let mut frames = Vec::new();
+        while buf.len() >= 9 {
+            let len =
+                (usize::from(buf[0]) << 16) | (usize::from(buf[1]) << 8) | usize::from(buf[2]);
+            if buf.len() < 9 + len {
+                break;
+            }
+            let (kind, flags) = (buf[3], buf[4]);
+            let id = u32::from_be_bytes([buf[5] & 0x7f, buf[6], buf[7], buf[8]]);
+            frames.push((kind, flags, id));
+            buf.drain(..9 + len);
+        }
+        for (kind, flags, id) in frames {
+            let opened = dir == Direction::ToServer && kind == 0x1 && id % 2 == 1;
+            let ended =
+                (dir == Direction::ToClient && (kind == 0x0 || kind == 0x1) && flags & 0x1 != 0)
+                    || kind == 0x3;
+            if opened && self.open.insert(id) {
+                let now = state.h2_open.fetch_add(1, Ordering::SeqCst) + 1;
+                state.h2_max.fetch_max(now, Ordering::SeqCst);
+            } else if ended && self.open.remove(&id) {
+                state.h2_open.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
     }
 }

@@ -45,9 +45,12 @@ pub async fn claim_batch(
     // A materialized CTE bounds the locking to exactly `limit` rows and keeps a safe plan even
     // when the plan cache switches to a generic plan; `id IN (SELECT … LIMIT … SKIP LOCKED)`
     // inlined into the outer query can lock more rows than it returns and seq-scans generically.
+    // The CTE returns the columns of the rows it locked (FOR UPDATE returns the locked, rechecked
+    // version), so no second lookup by primary key is needed.
     let rows: Vec<MessageRow> = sqlx::query_as(
         "WITH claimed AS MATERIALIZED (
-             SELECT id FROM pubsub_outbox
+             SELECT id, topic, ordering_key, dedupe_key, payload, attributes, attempts, created_at
+             FROM pubsub_outbox
              WHERE published_at IS NULL AND ordering_key IS NULL
                AND next_attempt_at <= $1
                AND ($3::text[] IS NULL OR topic = ANY($3))
@@ -57,11 +60,9 @@ pub async fn claim_batch(
              ORDER BY next_attempt_at, id
              LIMIT $2
              FOR UPDATE SKIP LOCKED)
-         SELECT o.id, o.topic, o.ordering_key, o.dedupe_key, o.payload, o.attributes,
-                o.attempts, o.created_at
-         FROM pubsub_outbox o
-         WHERE o.id IN (SELECT id FROM claimed)
-         ORDER BY o.id",
+         SELECT id, topic, ordering_key, dedupe_key, payload, attributes, attempts, created_at
+         FROM claimed
+         ORDER BY id",
     )
     .bind(filter.now)
     .bind(filter.limit)

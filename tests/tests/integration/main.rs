@@ -10,3 +10,4 @@ mod poison;
 mod producer;
 mod recovery;
 mod services;
+mod throughput;
