@@ -48,7 +48,7 @@ impl std::fmt::Display for Keys {
     }
 }
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct DispatchArgs {
     /// Ordering-key spreads to measure, comma-separated: `none` (no key) or N (message i gets
     /// key `key-(i % N)`).
@@ -75,6 +75,10 @@ pub struct DispatchArgs {
     /// Pub/Sub emulator host:port (use a private one: the bench publishes at full speed).
     #[arg(long, env = "PUBSUB_EMULATOR_HOST", default_value = "127.0.0.1:8085")]
     pub pubsub_emulator_host: String,
+    /// Added latency per direction through a TCP proxy in front of the emulator (e.g. 20ms, a
+    /// stand-in for the round trip to real Pub/Sub); 0 publishes directly.
+    #[arg(long, default_value = "0ms", value_parser = parse_duration)]
+    pub pubsub_latency: Duration,
     /// Project of the bench topic.
     #[arg(long, env = "PUBSUB_PROJECT_ID", default_value = "outbox-bench")]
     pub pubsub_project: String,
@@ -122,7 +126,27 @@ pub async fn dispatch_bench(db: &Scratch, args: &DispatchArgs) -> Result<()> {
     .await
     .map_err(|_| anyhow!("the Pub/Sub emulator at {endpoint} did not answer within 10 s"))?
     .with_context(|| format!("creating {topic} on the emulator at {endpoint}"))?;
-    let outcome = interruptible(dispatch_runs(db, args, &topic)).await;
+    // With added latency the dispatcher publishes through a proxy that also counts the requests
+    // in flight (HTTP/2 streams).
+    let proxy = if args.pubsub_latency.is_zero() {
+        None
+    } else {
+        let proxy = harness::proxy::TcpProxy::start(&args.pubsub_emulator_host).await;
+        proxy.set_delay(args.pubsub_latency);
+        Some(proxy)
+    };
+    let mut args = args.clone();
+    if let Some(p) = &proxy {
+        args.pubsub_emulator_host = p.addr();
+    }
+    let outcome = interruptible(dispatch_runs(db, &args, &topic)).await;
+    if let Some(p) = &proxy {
+        println!(
+            "through a proxy adding {:?} per direction: at most {} publish requests in flight at once",
+            args.pubsub_latency,
+            p.max_requests_in_flight()
+        );
+    }
     let deleted = admin.delete_topic().set_topic(&topic).send().await;
     outcome.and(deleted.map(|_| ()).context("deleting the bench topic"))
 }
