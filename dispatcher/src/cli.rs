@@ -24,34 +24,74 @@ use crate::config::{
 /// environment variable. Exit codes: 0 ok, 1 failed, 2 bad usage or configuration, 3 nothing
 /// matched (operator commands).
 #[derive(Debug, Parser)]
-#[command(name = "dispatcher", version, about, long_about = None,
-          args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+#[command(name = "dispatcher", version, about, long_about = None)]
 pub struct Cli {
-    /// What to do (default: run).
+    /// What to do (`dispatcher [FLAGS]` means `dispatcher run [FLAGS]`).
     #[command(subcommand)]
-    pub command: Option<Command>,
-    #[command(flatten)]
-    pub run: RunArgs,
+    pub command: Command,
 }
 
+/// The names `dispatcher` takes as its first argument without meaning `run`.
+const FIRST_WORDS: &[&str] = &[
+    "run",
+    "migrate",
+    "status",
+    "dead-letters",
+    "pause",
+    "resume",
+    "audit",
+    "help",
+    "-h",
+    "--help",
+    "-V",
+    "--version",
+];
+
 impl Cli {
-    /// The run flags, given before or after `run`.
-    pub fn run_args(&self) -> &RunArgs {
+    /// Parses the process's arguments; `dispatcher [FLAGS]` (no subcommand) runs the dispatcher.
+    pub fn parse_args() -> Self {
+        Self::parse_from(with_default_command(std::env::args_os()))
+    }
+
+    /// Like [`Self::parse_args`] over `args` (the program name first).
+    pub fn try_parse_args<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString>,
+    {
+        Self::try_parse_from(with_default_command(args.into_iter().map(Into::into)))
+    }
+
+    /// The run flags (of `run`, given or implied).
+    pub fn run_args(&self) -> Option<&RunArgs> {
         match &self.command {
-            Some(Command::Run(args)) => args,
-            _ => &self.run,
+            Command::Run(args) => Some(args),
+            _ => None,
         }
     }
 
     /// The logging flags of whatever command runs.
     pub fn telemetry(&self) -> &TelemetryArgs {
         match &self.command {
-            Some(Command::Migrate(a)) => &a.telemetry,
-            Some(Command::Ops(op)) => op.telemetry(),
-            Some(Command::Run(a)) => &a.telemetry,
-            None => &self.run.telemetry,
+            Command::Migrate(a) => &a.telemetry,
+            Command::Ops(op) => op.telemetry(),
+            Command::Run(a) => &a.telemetry,
         }
     }
+}
+
+/// Inserts `run` when the first argument is a flag (or there is none), so the run flags can come
+/// with or without the subcommand while every other subcommand takes only its own flags.
+fn with_default_command(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = args.collect();
+    let implied = match args.get(1).and_then(|a| a.to_str()) {
+        None => true,
+        Some(first) => !FIRST_WORDS.contains(&first) && first.starts_with('-'),
+    };
+    if implied {
+        args.insert(1.min(args.len()), "run".into());
+    }
+    args
 }
 
 /// Everything `run` takes.
@@ -303,8 +343,8 @@ mod tests {
     fn parse(extra: &[&str]) -> Result<DispatcherConfig, String> {
         let mut args = vec!["dispatcher", "--database-url", "postgres://u@h/db"];
         args.extend_from_slice(extra);
-        let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
-        DispatcherConfig::try_from(cli.run_args())
+        let cli = Cli::try_parse_args(args).map_err(|e| e.to_string())?;
+        DispatcherConfig::try_from(cli.run_args().expect("run is implied"))
     }
 
     #[test]
@@ -336,7 +376,7 @@ mod tests {
 
     #[test]
     fn run_flags_are_accepted_after_the_run_subcommand_too() {
-        let before = Cli::try_parse_from([
+        let before = Cli::try_parse_args([
             "dispatcher",
             "--database-url",
             "postgres://u@h/d",
@@ -344,7 +384,7 @@ mod tests {
             "7",
         ])
         .expect("flags before");
-        let after = Cli::try_parse_from([
+        let after = Cli::try_parse_args([
             "dispatcher",
             "run",
             "--database-url",
@@ -353,13 +393,27 @@ mod tests {
             "7",
         ])
         .expect("flags after run");
-        assert_eq!(before.run_args().dispatch.workers, 7);
-        assert_eq!(after.run_args().dispatch.workers, 7);
+        assert_eq!(before.run_args().map(|a| a.dispatch.workers), Some(7));
+        assert_eq!(after.run_args().map(|a| a.dispatch.workers), Some(7));
+        // Other subcommands take only their own flags, and no run flag is required for them.
+        let status =
+            Cli::try_parse_args(["dispatcher", "status", "--database-url", "postgres://u@h/d"]);
+        assert!(status.is_ok(), "{status:?}");
+        let err = Cli::try_parse_args([
+            "dispatcher",
+            "migrate",
+            "--database-url",
+            "x",
+            "--workers",
+            "3",
+        ])
+        .expect_err("migrate takes no run flags");
+        assert_eq!(err.exit_code(), 2);
     }
 
     #[test]
     fn an_invalid_log_filter_is_refused_naming_the_flag() {
-        let err = Cli::try_parse_from([
+        let err = Cli::try_parse_args([
             "dispatcher",
             "--database-url",
             "x",

@@ -5,7 +5,6 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::Parser;
 use outbox_dispatcher::cli::RunArgs;
 use outbox_dispatcher::fault::FaultInjector;
 use outbox_dispatcher::publisher::PubsubPublisher;
@@ -15,14 +14,13 @@ use outbox_runtime::shutdown::{Shutdown, on_signals};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_args();
     outbox_runtime::telemetry::init(cli.telemetry());
-    match &cli.command {
-        Some(Command::Ops(op)) => return op.run().await.into(),
-        Some(Command::Migrate(m)) => return migrate(&m.database).await.into(),
-        Some(Command::Run(_)) | None => {}
-    }
-    let args = cli.run_args();
+    let args = match &cli.command {
+        Command::Ops(op) => return op.run().await.into(),
+        Command::Migrate(m) => return migrate(&m.database).await.into(),
+        Command::Run(args) => args,
+    };
     let config = match DispatcherConfig::try_from(args) {
         Ok(config) => config,
         Err(e) => {
