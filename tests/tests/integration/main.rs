@@ -7,5 +7,6 @@ mod foundation;
 mod ordering;
 mod poison;
 mod producer;
+mod producer_ops;
 mod recovery;
 mod services;
