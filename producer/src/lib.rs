@@ -14,12 +14,15 @@
 //! - [`mapping`]: a result row → a message or a rejection; [`value`]: BigQuery cells → JSON;
 //!   [`decimal`]: exact NUMERIC and TIMESTAMP text; [`cursor`]: the typed stream position.
 //! - [`report`]: summaries, progress, exit code; [`errors`]: what failed and what to do.
+//! - [`ops`]: the operator's commands (`streams`, `rewind`), beside the job: they read and move
+//!   watermarks through the store, never BigQuery.
 //!
 //! No module imports one that imports it back: `job` → `run`, `dry_run` → `reader` → `mapping`
-//! → `cursor` → `bigquery`; `settings`, `errors`, `config`, `decimal` sit below them
-//! (ARCHITECTURE.md draws the graph).
+//! → `cursor` → `bigquery`; `settings`, `errors`, `config`, `decimal` sit below them; `cli` →
+//! `ops` → `cursor`, `value` (ARCHITECTURE.md draws the graph).
 //!
-//! All SQL lives in `outbox_shared::store` (outbox, dead_letter, watermark, run_ledger, notify).
+//! All SQL lives in `outbox_shared::store` (outbox, dead_letter, watermark, run_ledger, notify,
+//! audit).
 
 pub mod bigquery;
 pub mod cli;
@@ -30,15 +33,17 @@ pub mod dry_run;
 pub mod errors;
 pub mod job;
 pub mod mapping;
+pub mod ops;
 mod reader;
 pub mod report;
 pub mod run;
 pub mod settings;
 pub mod value;
 
+use outbox_runtime::operator::Exit;
 use outbox_runtime::shutdown::Shutdown;
 
-pub use cli::{Cli, Command};
+pub use cli::{Cli, Command, MigrateArgs, RunArgs};
 pub use config::{LoadOptions, StreamsConfig};
 pub use errors::{ConfigError, ErrorKind, StreamError};
 pub use job::{run_job, select_streams};
@@ -67,24 +72,38 @@ pub enum StartupError {
 }
 
 impl StartupError {
-    /// 2 for an invalid config (retrying cannot help), 1 otherwise.
-    pub fn exit_code(&self) -> u8 {
+    /// 2 for a configuration error (an invalid streams file or flag, a DATABASE_URL that is
+    /// malformed or names a database or role the server refuses, a BigQuery
+    /// client that cannot be built from the flags: retrying cannot help), 1 otherwise.
+    pub fn exit(&self) -> Exit {
         match self {
-            Self::Config(_) => 2,
-            _ => 1,
+            Self::Config(_) => Exit::Usage,
+            Self::Connect(e) if e.is_configuration() => Exit::Usage,
+            Self::BigQuery(e) if e.kind != bigquery::ApiErrorKind::Transient => Exit::Usage,
+            _ => Exit::Failed,
+        }
+    }
+
+    /// [`StartupError::exit`] as a number.
+    pub fn exit_code(&self) -> u8 {
+        match self.exit() {
+            Exit::Ok => 0,
+            Exit::Failed => 1,
+            Exit::Usage => 2,
+            Exit::NothingMatched => 3,
         }
     }
 }
 
 /// `producer run`: load and check the streams file, connect, run this task's streams.
-pub async fn execute(cli: &Cli, shutdown: &Shutdown) -> Result<JobReport, StartupError> {
-    let settings = cli.settings();
+pub async fn execute(args: &RunArgs, shutdown: &Shutdown) -> Result<JobReport, StartupError> {
+    let settings = args.settings();
     let options = LoadOptions {
         pubsub_project: settings.pubsub_project.clone(),
         dedupe_attribute: settings.dedupe_attribute.clone(),
     };
-    let config = StreamsConfig::load(&cli.run.config, &options)?;
-    if cli.bigquery.bigquery_project.is_empty() {
+    let config = StreamsConfig::load(&args.job.config, &options)?;
+    if args.bigquery.bigquery_project.is_empty() {
         return Err(ConfigError::new(
             "--bigquery-project",
             vec!["set --bigquery-project or BIGQUERY_PROJECT_ID".into()],
@@ -92,19 +111,19 @@ pub async fn execute(cli: &Cli, shutdown: &Shutdown) -> Result<JobReport, Startu
         .into());
     }
     let streams = select_streams(&config, &settings)?;
-    let pool = outbox_runtime::db::connect(&cli.database, "pubsub-outbox-producer").await?;
-    if cli.run.migrate {
+    let pool = outbox_runtime::db::connect(&args.database, "pubsub-outbox-producer").await?;
+    if args.job.migrate {
         outbox_shared::db::migrate(&pool).await?;
     }
     let client = bigquery::connect(
-        cli.bigquery.bigquery_endpoint.as_deref(),
-        cli.bigquery.bigquery_credentials,
+        args.bigquery.bigquery_endpoint.as_deref(),
+        args.bigquery.bigquery_credentials,
     )
     .await?;
     let bq = bigquery::BigQuery::new(
         client,
-        cli.bigquery.bigquery_project.clone(),
-        cli.timeouts(),
+        args.bigquery.bigquery_project.clone(),
+        args.timeouts(),
     );
     let report = run_job(&pool, &bq, &streams, &settings, shutdown).await;
     pool.close().await;
@@ -112,8 +131,8 @@ pub async fn execute(cli: &Cli, shutdown: &Shutdown) -> Result<JobReport, Startu
 }
 
 /// `producer migrate`.
-pub async fn migrate(cli: &Cli) -> Result<(), StartupError> {
-    let pool = outbox_runtime::db::connect(&cli.database, "pubsub-outbox-migrate").await?;
+pub async fn migrate(args: &MigrateArgs) -> Result<(), StartupError> {
+    let pool = outbox_runtime::db::connect(&args.database, "pubsub-outbox-migrate").await?;
     outbox_shared::db::migrate(&pool).await?;
     pool.close().await;
     Ok(())

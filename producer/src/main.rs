@@ -1,58 +1,62 @@
-//! The producer binary: parse configuration, start telemetry, hand over to the library.
+//! The producer binary: parse configuration, start telemetry, hand over to the library, map the
+//! result to an exit code (0 ok, 1 failed, 2 bad usage or configuration, 3 nothing matched, 130
+//! stopped by a second signal).
 
 use std::process::ExitCode;
 
-use clap::Parser;
-use outbox_producer::{Cli, Command};
-use outbox_runtime::telemetry::LogFormat;
+use outbox_producer::{Cli, Command, RunArgs, StartupError};
+use outbox_runtime::operator::describe;
+use outbox_runtime::telemetry::{LogFormat, TelemetryArgs};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
-    outbox_runtime::telemetry::init(&cli.telemetry);
-    match cli.command.unwrap_or(Command::Run) {
-        Command::Migrate => match outbox_producer::migrate(&cli).await {
+    let cli = Cli::parse_args();
+    outbox_runtime::telemetry::init(cli.telemetry());
+    match &cli.command {
+        Command::Migrate(args) => match outbox_producer::migrate(args).await {
             Ok(()) => {
                 tracing::info!("Migrations applied.");
                 ExitCode::SUCCESS
             }
-            Err(e) => fail(&cli, &e.to_string(), e.exit_code()),
+            Err(e) => fail(&args.telemetry, &e),
         },
-        Command::Run => {
-            let signals = outbox_runtime::shutdown::on_signals();
-            let execution = tokio::select! {
-                result = outbox_producer::execute(&cli, &signals.shutdown) => result,
-                _ = wait(signals.abort) => {
-                    tracing::warn!("Second signal: stopping now; the page in flight rolls back and the next run reads it again.");
-                    return ExitCode::from(130);
-                }
-            };
-            match execution {
-                Ok(report) => {
-                    // Logs (stderr) carry the summaries; the table is for people at a terminal.
-                    if cli.telemetry.log_format == LogFormat::Text {
-                        print!("{}", report.render());
-                    }
-                    ExitCode::from(report.exit_code())
-                }
-                Err(e) => fail(&cli, &e.to_string(), e.exit_code()),
-            }
-        }
+        Command::Ops(op) => op.run().await.into(),
+        Command::Run(args) => run(args).await,
     }
 }
 
-async fn wait(mut abort: outbox_runtime::shutdown::Shutdown) {
-    abort.requested().await;
+async fn run(args: &RunArgs) -> ExitCode {
+    let signals = outbox_runtime::shutdown::on_signals();
+    let mut abort = signals.abort;
+    let execution = tokio::select! {
+        result = outbox_producer::execute(args, &signals.shutdown) => result,
+        () = abort.requested() => {
+            tracing::warn!("Second signal: stopping now; the page in flight rolls back and the next run reads it again.");
+            return ExitCode::from(130);
+        }
+    };
+    match execution {
+        Ok(report) => {
+            // Logs (stderr) carry the summaries; the table is for people at a terminal.
+            if args.telemetry.log_format == LogFormat::Text {
+                print!("{}", report.render());
+            }
+            ExitCode::from(report.exit_code())
+        }
+        Err(e) => fail(&args.telemetry, &e),
+    }
 }
 
-/// Reports a start-up failure once: a JSON log line for Cloud Logging, plain text for people.
-fn fail(cli: &Cli, message: &str, code: u8) -> ExitCode {
-    match cli.telemetry.log_format {
+/// Reports a start-up failure once, each cause once: a JSON log line for Cloud Logging, plain
+/// text for people.
+fn fail(telemetry: &TelemetryArgs, e: &StartupError) -> ExitCode {
+    let message = describe(e);
+    match telemetry.log_format {
         LogFormat::Json => tracing::error!(
             error = message,
             "The producer could not start; fix the error and rerun."
         ),
         LogFormat::Text => eprintln!("error: {message}"),
     }
-    ExitCode::from(code)
+    e.exit().into()
 }

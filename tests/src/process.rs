@@ -69,6 +69,25 @@ impl Process {
     }
 }
 
+/// Runs `binary` with `args` and `envs` to its end (the parent's OUTBOX_* variables are not
+/// inherited) and returns its exit status, stdout and stderr.
+pub async fn output(binary: &str, args: &[&str], envs: &[(&str, String)]) -> std::process::Output {
+    let mut cmd = Command::new(self::binary(binary));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("OUTBOX_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.args(args)
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let run = tokio::time::timeout(std::time::Duration::from_secs(60), cmd.output());
+    run.await
+        .unwrap_or_else(|_| panic!("{binary} {args:?} ends within 60 s"))
+        .expect("run the binary")
+}
+
 /// Sends SIGTERM to every process and asserts each exits 0 within 30 s (its log otherwise).
 pub async fn terminate_all(procs: Vec<Process>) {
     for p in &procs {

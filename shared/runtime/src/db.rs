@@ -42,6 +42,17 @@ pub enum ConnectError {
     },
 }
 
+impl ConnectError {
+    /// Whether the configuration is wrong (a malformed URL, a database that does not exist, a
+    /// role or password the server refuses), so retrying cannot help: the binaries exit 2.
+    pub fn is_configuration(&self) -> bool {
+        match self {
+            Self::BadUrl { .. } => true,
+            Self::Unreachable { source, .. } => is_final(source),
+        }
+    }
+}
+
 /// Database settings shared by both binaries.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DatabaseArgs {

@@ -146,6 +146,12 @@ pub struct Run {
     pub id: i64,
     /// Stream name.
     pub stream: String,
+    /// Who ran it (Cloud Run execution/task, or the host name).
+    pub executor: String,
+    /// When it started.
+    pub started_at: chrono::DateTime<chrono::Utc>,
+    /// When it ended (None while running).
+    pub finished_at: Option<chrono::DateTime<chrono::Utc>>,
     /// Rows read.
     pub rows_fetched: i64,
     /// Rows enqueued.
@@ -154,20 +160,39 @@ pub struct Run {
     pub rows_duplicate: i64,
     /// Rows dead-lettered.
     pub rows_rejected: i64,
+    /// BigQuery bytes processed, when known.
+    pub bytes_processed: Option<i64>,
     /// running / succeeded / failed / skipped / abandoned.
     pub outcome: String,
     /// The error, if failed.
     pub error: Option<String>,
 }
 
+const RUN_COLUMNS: &str = "id, stream, executor, started_at, finished_at, rows_fetched, \
+     rows_enqueued, rows_duplicate, rows_rejected, bytes_processed, outcome, error";
+
 /// The latest runs of a stream, newest first.
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn recent(conn: &mut PgConnection, stream: &str, limit: i64) -> Result<Vec<Run>> {
-    sqlx::query_as(
-        "SELECT id, stream, rows_fetched, rows_enqueued, rows_duplicate, rows_rejected, outcome, error
-         FROM producer_run WHERE stream = $1 ORDER BY id DESC LIMIT $2",
-    )
+    sqlx::query_as(&format!(
+        "SELECT {RUN_COLUMNS} FROM producer_run WHERE stream = $1 ORDER BY id DESC LIMIT $2"
+    ))
     .bind(stream)
+    .bind(limit)
+    .fetch_all(&mut *conn)
+    .await
+    .context("reading producer_run")
+}
+
+/// The latest `limit` runs of every stream, by stream name, newest first within a stream.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn recent_per_stream(conn: &mut PgConnection, limit: i64) -> Result<Vec<Run>> {
+    sqlx::query_as(&format!(
+        "SELECT {RUN_COLUMNS} FROM (
+             SELECT *, row_number() OVER (PARTITION BY stream ORDER BY id DESC) AS n
+             FROM producer_run) r
+         WHERE n <= $1 ORDER BY stream, id DESC"
+    ))
     .bind(limit)
     .fetch_all(&mut *conn)
     .await

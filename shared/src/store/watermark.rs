@@ -2,7 +2,8 @@
 //!
 //! The cursor is `(UNIX microseconds, tie-breaker)`, compared as a tuple, so rows sharing a
 //! timestamp are never lost at a page boundary. [`lock`] serialises overlapping executions of one
-//! stream; [`advance`] never moves the cursor backwards.
+//! stream; [`advance`] never moves the cursor backwards. Only an operator moves it back, with
+//! [`rewind`], holding the stream's lock and writing an audit row in the same transaction.
 
 use sqlx::PgConnection;
 
@@ -15,6 +16,53 @@ pub struct Cursor {
     pub micros: i64,
     /// Unique tie-breaker column value, as text.
     pub key: String,
+}
+
+/// A stream's stored watermark, as operators read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Watermark {
+    /// Stream name.
+    pub stream: String,
+    /// Everything at or before it is enqueued.
+    pub cursor: Cursor,
+    /// When it last moved (a run's page, or a rewind).
+    pub updated_at: chrono::DateTime<chrono::Utc>,
+    /// The run that last advanced it (None after a rewind).
+    pub run_id: Option<i64>,
+}
+
+/// A `producer_watermark` row.
+#[derive(sqlx::FromRow)]
+struct Row {
+    stream: String,
+    cursor_micros: i64,
+    cursor_key: String,
+    updated_at: chrono::DateTime<chrono::Utc>,
+    run_id: Option<i64>,
+}
+
+/// Every stored watermark, by stream name.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn list(conn: &mut PgConnection) -> Result<Vec<Watermark>> {
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT stream, cursor_micros, cursor_key, updated_at, run_id
+         FROM producer_watermark ORDER BY stream",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .context("reading producer_watermark")?;
+    Ok(rows
+        .into_iter()
+        .map(|r| Watermark {
+            stream: r.stream,
+            cursor: Cursor {
+                micros: r.cursor_micros,
+                key: r.cursor_key,
+            },
+            updated_at: r.updated_at,
+            run_id: r.run_id,
+        })
+        .collect())
 }
 
 /// Reads the stored cursor of `stream` (None: never run).
@@ -90,4 +138,27 @@ pub async fn advance(
         // Someone stored a later cursor: keep it, report it.
         None => Ok(get(conn, stream).await?.unwrap_or_else(|| to.clone())),
     }
+}
+
+/// Moves the stream's cursor back to `to` (an operator's rewind) in the caller's transaction, so
+/// the next run re-reads what follows it. Returns false, changing nothing, when the stream has no
+/// watermark or `to` is later than it. Call holding the stream's [`lock`] (no run may advance it
+/// meanwhile) and write the audit row in the same transaction.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn rewind(conn: &mut PgConnection, stream: &str, to: &Cursor) -> Result<bool> {
+    let moved = sqlx::query(
+        "UPDATE producer_watermark
+         SET cursor_micros = $2, cursor_key = $3, run_id = NULL, updated_at = now()
+         WHERE stream = $1
+           -- Back only (the caller compares the keys, which need the stream's key type).
+           AND cursor_micros >= $2",
+    )
+    .bind(stream)
+    .bind(to.micros)
+    .bind(&to.key)
+    .execute(&mut *conn)
+    .await
+    .context("rewinding producer_watermark")?
+    .rows_affected();
+    Ok(moved == 1)
 }

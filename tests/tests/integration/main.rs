@@ -8,6 +8,7 @@ mod operator;
 mod ordering;
 mod poison;
 mod producer;
+mod producer_ops;
 mod recovery;
 mod services;
 mod throughput;

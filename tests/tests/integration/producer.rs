@@ -2,7 +2,7 @@
 //!
 //! Each test creates its own BigQuery dataset and database, runs the producer library in-process
 //! (`run_job` / `run_stream`, as `producer run` does) and asserts on the outbox, the dead-letter
-//! table, the watermark and the run ledger.
+//! table, the watermark and the run ledger. Its helpers are shared with `producer_ops`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,13 +29,13 @@ use serde_json::{Value, json};
 // ---------------------------------------------------------------- helpers
 
 /// 2026-11-30T12:00:00Z in UNIX microseconds; test rows are placed relative to it.
-const BASE_MICROS: i64 = 1_796_040_000_000_000;
+pub(crate) const BASE_MICROS: i64 = 1_796_040_000_000_000;
 
-fn rfc3339(micros: i64) -> String {
+pub(crate) fn rfc3339(micros: i64) -> String {
     outbox_producer::value::format_timestamp(micros).expect("timestamp in range")
 }
 
-fn orders_schema() -> Vec<TableFieldSchema> {
+pub(crate) fn orders_schema() -> Vec<TableFieldSchema> {
     vec![
         TableFieldSchema::integer("id"),
         TableFieldSchema::new("updated_at", FieldType::Timestamp),
@@ -46,7 +46,7 @@ fn orders_schema() -> Vec<TableFieldSchema> {
 }
 
 /// An order row updated at `BASE_MICROS + offset_micros`.
-fn order(id: i64, offset_micros: i64) -> Value {
+pub(crate) fn order(id: i64, offset_micros: i64) -> Value {
     json!({
         "id": id,
         "updated_at": rfc3339(BASE_MICROS + offset_micros),
@@ -57,7 +57,7 @@ fn order(id: i64, offset_micros: i64) -> Value {
 }
 
 /// The orders stream over `table`, with `extra` TOML lines for the stream's top-level keys.
-fn orders_toml(table: &TestTable, name: &str, extra: &str) -> String {
+pub(crate) fn orders_toml(table: &TestTable, name: &str, extra: &str) -> String {
     format!(
         r#"
 [[stream]]
@@ -90,7 +90,7 @@ columns = ["id", "customer", "status", "amount", "updated_at"]
     )
 }
 
-fn load(toml: &str) -> StreamsConfig {
+pub(crate) fn load(toml: &str) -> StreamsConfig {
     let options = LoadOptions {
         pubsub_project: env::pubsub_project(),
         dedupe_attribute: "dedupe_key".into(),
@@ -98,7 +98,7 @@ fn load(toml: &str) -> StreamsConfig {
     StreamsConfig::parse(toml, "test streams", &options).expect("the test streams config is valid")
 }
 
-fn settings(page_size: u32) -> Settings {
+pub(crate) fn settings(page_size: u32) -> Settings {
     Settings {
         page_size,
         pubsub_project: env::pubsub_project(),
@@ -111,7 +111,7 @@ fn bigquery(api: &Rest) -> BigQuery<Rest> {
     BigQuery::new(api.clone(), env::bigquery_project(), Timeouts::default())
 }
 
-async fn run_all(
+pub(crate) async fn run_all(
     db: &TestDb,
     table: &TestTable,
     config: &StreamsConfig,
@@ -129,7 +129,7 @@ async fn run_all(
 }
 
 /// The outbox as `(dedupe_key, payload JSON)` in enqueue order.
-async fn outbox(db: &TestDb) -> Vec<(String, Value)> {
+pub(crate) async fn outbox(db: &TestDb) -> Vec<(String, Value)> {
     let rows: Vec<(String, Vec<u8>)> =
         sqlx::query_as("SELECT dedupe_key, payload FROM pubsub_outbox ORDER BY id")
             .fetch_all(&db.pool)
@@ -146,22 +146,22 @@ async fn outbox(db: &TestDb) -> Vec<(String, Value)> {
         .collect()
 }
 
-async fn outbox_keys(db: &TestDb) -> Vec<String> {
+pub(crate) async fn outbox_keys(db: &TestDb) -> Vec<String> {
     outbox(db).await.into_iter().map(|(k, _)| k).collect()
 }
 
-async fn stored_watermark(db: &TestDb, stream: &str) -> Option<watermark::Cursor> {
+pub(crate) async fn stored_watermark(db: &TestDb, stream: &str) -> Option<watermark::Cursor> {
     let mut conn = db.pool.acquire().await.expect("connection");
     watermark::get(&mut conn, stream)
         .await
         .expect("read the watermark")
 }
 
-fn keys(stream: &str, ids: impl IntoIterator<Item = i64>) -> Vec<String> {
+pub(crate) fn keys(stream: &str, ids: impl IntoIterator<Item = i64>) -> Vec<String> {
     ids.into_iter().map(|i| format!("{stream}:{i}")).collect()
 }
 
-fn summary(report: &JobReport, i: usize) -> &outbox_producer::StreamSummary {
+pub(crate) fn summary(report: &JobReport, i: usize) -> &outbox_producer::StreamSummary {
     match &report.streams[i].result {
         Ok(s) => s,
         Err(e) => panic!(

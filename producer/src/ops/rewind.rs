@@ -1,0 +1,314 @@
+//! `producer rewind`: move a stream's watermark back so its next run re-reads from there.
+//!
+//! Safe by construction: the stream's run lock is taken with try (a running execution makes it
+//! fail at once, changing nothing) on one connection held until the transaction ends, and the
+//! watermark change and its audit row commit together. Only backward moves are accepted: the
+//! watermark's promise is "everything at or before it is enqueued", which moving back keeps and
+//! moving forward would break (rows in between would never be read).
+//!
+//! The watermark is stored without its key type, so without `--key` the new key is the smallest
+//! of the type the stored key shows: an integer key gets `i64::MIN` (an INT64 key column), any
+//! other key `""` (STRING). The next run then re-reads every row at `--to` and after.
+
+use chrono::{DateTime, Utc};
+use outbox_runtime::operator::Exit;
+use outbox_shared::store::audit::{self, Action};
+use outbox_shared::store::watermark::{self, Cursor};
+use serde::Serialize;
+use serde_json::json;
+use sqlx::{Connection, PgConnection};
+
+use super::{Common, OpsError, Output, PositionView, parse_instant, required};
+
+/// `producer rewind STREAM --to TIMESTAMP [--key K] --reason TEXT`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RewindArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// The stream whose watermark moves back.
+    #[arg(value_name = "STREAM")]
+    pub stream: String,
+    /// The new watermark: an RFC 3339 time (2026-11-30T12:00:00Z) or a duration ago (2h, 30m).
+    /// Must be before the current watermark.
+    #[arg(long, value_name = "TIMESTAMP")]
+    pub to: String,
+    /// The new watermark's tie-breaker key: the next run re-reads the rows after (--to, --key).
+    /// Default: the smallest key, so every row at --to is re-read too.
+    #[arg(long, value_name = "KEY")]
+    pub key: Option<String>,
+    /// Why (written to the audit trail). Required.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Who acts (default: OUTBOX_ACTOR, else the OS user).
+    #[arg(long)]
+    pub actor: Option<String>,
+}
+
+/// A checked rewind request (built before connecting).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// The stream.
+    pub stream: String,
+    /// The new watermark's timestamp, UNIX microseconds.
+    pub to_micros: i64,
+    /// The new watermark's key, if given.
+    pub key: Option<String>,
+    /// Why.
+    pub reason: String,
+    /// Who.
+    pub actor: String,
+}
+
+impl RewindArgs {
+    /// Checks the flags (`now` resolves a duration ago).
+    pub fn request(&self, now: DateTime<Utc>) -> Result<Request, OpsError> {
+        let stream = required("STREAM", Some(&self.stream), "name the stream to rewind")?;
+        let reason = required(
+            "--reason",
+            self.reason.as_deref(),
+            "say why the stream is rewound (it goes to the audit trail)",
+        )?;
+        Ok(Request {
+            stream: stream.to_owned(),
+            to_micros: parse_instant("--to", &self.to, now)?,
+            key: self.key.clone(),
+            reason: reason.to_owned(),
+            actor: outbox_runtime::operator::actor(self.actor.as_deref()),
+        })
+    }
+}
+
+/// What a rewind did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rewound {
+    /// The stream.
+    pub stream: String,
+    /// The watermark before.
+    pub previous: Cursor,
+    /// The watermark now: the next run re-reads the rows after it through `previous`.
+    pub watermark: Cursor,
+    /// The audit entry written with it.
+    pub audit_id: i64,
+}
+
+/// Runs `producer rewind`.
+pub async fn run(args: &RewindArgs) -> Result<Output, OpsError> {
+    let request = args.request(Utc::now())?;
+    let pool = args.common.connect().await?;
+    let result = match pool.acquire().await {
+        // Detached: the session lock must end with this command, not live on in a pool.
+        Ok(conn) => {
+            let mut conn = conn.detach();
+            let result = rewind(&mut conn, &request).await;
+            // Closing the session releases the stream's lock.
+            let _ = conn.close().await;
+            result
+        }
+        Err(source) => Err(outbox_shared::Error::Database {
+            context: "connecting for the rewind",
+            source,
+        }
+        .into()),
+    };
+    pool.close().await;
+    let done = result?;
+    let view = RewindView {
+        stream: done.stream.clone(),
+        previous: PositionView::from(&done.previous),
+        watermark: PositionView::from(&done.watermark),
+        audit_id: done.audit_id,
+        actor: request.actor.clone(),
+        reason: request.reason.clone(),
+    };
+    Output::new(render(&done, &request), &view, Exit::Ok)
+}
+
+/// `producer rewind --json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RewindView {
+    /// The stream.
+    pub stream: String,
+    /// The watermark before.
+    pub previous: PositionView,
+    /// The watermark now: the next run re-reads the rows after it through `previous`.
+    pub watermark: PositionView,
+    /// The audit entry (`pubsub_outbox_audit.id`) written in the same transaction.
+    pub audit_id: i64,
+    /// Who.
+    pub actor: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// Rewinds on `conn`, a session of its own: takes the stream's lock (try), then moves the
+/// watermark and writes the audit row in one transaction. The lock stays held until the caller
+/// closes the session (or calls [`watermark::unlock`]).
+pub async fn rewind(conn: &mut PgConnection, request: &Request) -> Result<Rewound, OpsError> {
+    let stream = request.stream.as_str();
+    if !watermark::lock(conn, stream, false).await? {
+        return Err(OpsError::StreamBusy {
+            stream: stream.to_owned(),
+        });
+    }
+    let mut tx = conn.begin().await.map_err(outbox_shared::Error::begin)?;
+    let Some(previous) = watermark::get(&mut tx, stream).await? else {
+        return Err(OpsError::NothingMatched(format!(
+            "stream '{stream}' has no watermark: it has never committed a page, so its next run \
+             reads from the start anyway (producer streams lists the known streams)"
+        )));
+    };
+    let to = target(request, &previous)?;
+    if !watermark::rewind(&mut tx, stream, &to).await? {
+        // Holding the lock nobody else moves it; a forward move was refused by `target`.
+        return Err(OpsError::Failed(format!(
+            "stream '{stream}': the watermark is no longer after {}; nothing was changed",
+            PositionView::from(&to)
+        )));
+    }
+    let selector = json!({
+        "stream": stream,
+        "to": PositionView::from(&to).timestamp,
+        "key": to.key,
+        "previous": { "timestamp": PositionView::from(&previous).timestamp, "key": previous.key },
+    });
+    let audit_id = audit::record(
+        &mut tx,
+        &Action {
+            actor: &request.actor,
+            action: "rewind",
+            selector,
+            row_ids: &[],
+            reason: &request.reason,
+        },
+    )
+    .await?;
+    tx.commit().await.map_err(outbox_shared::Error::commit)?;
+    tracing::info!(stream, audit_id, from = %PositionView::from(&previous), to = %PositionView::from(&to), "Rewound the stream's watermark.");
+    Ok(Rewound {
+        stream: stream.to_owned(),
+        previous,
+        watermark: to,
+        audit_id,
+    })
+}
+
+/// The new watermark for `request`, given the stored one; refuses anything not before it.
+pub fn target(request: &Request, current: &Cursor) -> Result<Cursor, OpsError> {
+    let integer_keys = current.key.parse::<i64>().is_ok();
+    let key = match &request.key {
+        Some(k) if integer_keys && k.parse::<i64>().is_err() => {
+            return Err(OpsError::Usage(format!(
+                "--key {k:?} is not an integer, but stream '{}' stores integer keys (an INT64 key \
+                 column); its next run could not use it",
+                request.stream
+            )));
+        }
+        Some(k) => k.clone(),
+        None if integer_keys => i64::MIN.to_string(),
+        None => String::new(),
+    };
+    let to = Cursor {
+        micros: request.to_micros,
+        key,
+    };
+    let earlier = match to.micros.cmp(&current.micros) {
+        std::cmp::Ordering::Less => true,
+        std::cmp::Ordering::Greater => false,
+        std::cmp::Ordering::Equal => match (to.key.parse::<i64>(), current.key.parse::<i64>()) {
+            (Ok(a), Ok(b)) if integer_keys => a < b,
+            _ => to.key.as_bytes() < current.key.as_bytes(),
+        },
+    };
+    if !earlier {
+        return Err(OpsError::Usage(format!(
+            "stream '{}': {} is not before its watermark {}; use rewind only to move back (a \
+             forward move would skip the rows in between)",
+            request.stream,
+            PositionView::from(&to),
+            PositionView::from(current)
+        )));
+    }
+    Ok(to)
+}
+
+/// What people read after a rewind: where it was, where it is, what the next run re-reads.
+fn render(done: &Rewound, request: &Request) -> String {
+    let (from, to) = (
+        PositionView::from(&done.previous),
+        PositionView::from(&done.watermark),
+    );
+    let span = humantime::format_duration(std::time::Duration::from_micros(
+        u64::try_from(done.previous.micros - done.watermark.micros).unwrap_or(0),
+    ));
+    format!(
+        "Rewound stream '{stream}' (audit entry {id}, by {actor}).\n\
+         \x20 watermark was  {from}\n\
+         \x20 watermark now  {to}\n\
+         The next run re-reads the rows after {to} through {from} ({span}), then what is new.\n\
+         Rows still in the outbox count as duplicates; rows already published and deleted are \
+         enqueued again (consumers drop them by dedupe key).\n",
+        stream = done.stream,
+        id = done.audit_id,
+        actor = request.actor,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(to_micros: i64, key: Option<&str>) -> Request {
+        Request {
+            stream: "orders".into(),
+            to_micros,
+            key: key.map(str::to_owned),
+            reason: "test".into(),
+            actor: "tester".into(),
+        }
+    }
+
+    fn cursor(micros: i64, key: &str) -> Cursor {
+        Cursor {
+            micros,
+            key: key.into(),
+        }
+    }
+
+    #[test]
+    fn without_a_key_the_smallest_key_of_the_stored_type_is_used() {
+        let int = target(&request(5, None), &cursor(10, "42")).expect("back");
+        assert_eq!(int, cursor(5, &i64::MIN.to_string()));
+        let text = target(&request(5, None), &cursor(10, "a-42")).expect("back");
+        assert_eq!(text, cursor(5, ""));
+    }
+
+    #[test]
+    fn at_the_same_timestamp_the_key_decides_typed_by_what_is_stored() {
+        assert!(target(&request(10, None), &cursor(10, "42")).is_ok());
+        assert!(
+            target(&request(10, Some("9")), &cursor(10, "42")).is_ok(),
+            "9 < 42 as integers"
+        );
+        assert!(target(&request(10, Some("42")), &cursor(10, "42")).is_err());
+        assert!(
+            target(&request(10, Some("b")), &cursor(10, "ab")).is_err(),
+            "strings compare byte-wise"
+        );
+    }
+
+    #[test]
+    fn a_forward_move_is_refused_as_bad_usage() {
+        let e = target(&request(11, None), &cursor(10, "42")).expect_err("forward");
+        assert_eq!(e.exit(), Exit::Usage);
+        assert!(
+            e.to_string().contains("use rewind only to move back"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_text_key_for_an_integer_keyed_stream_is_refused() {
+        let e = target(&request(5, Some("abc")), &cursor(10, "42")).expect_err("bad key");
+        assert_eq!(e.exit(), Exit::Usage);
+    }
+}
