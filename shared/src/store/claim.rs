@@ -33,6 +33,9 @@ pub struct ClaimFilter<'a> {
     pub limit: i64,
     /// Only these full topic names (None: every topic).
     pub topics: Option<&'a [String]>,
+    /// Never these (paused topics, see [`super::pause`]). A parameter, not a join with the pause
+    /// table: an anti-join there made the planner expect one row and sort the whole outbox.
+    pub paused: &'a [String],
 }
 
 /// Locks and returns up to `filter.limit` due rows **without an ordering key**, oldest due first,
@@ -54,9 +57,7 @@ pub async fn claim_batch(
              WHERE published_at IS NULL AND ordering_key IS NULL
                AND next_attempt_at <= $1
                AND ($3::text[] IS NULL OR topic = ANY($3))
-               -- Paused topics wait (a tiny table: a hashed anti-join).
-               AND NOT EXISTS (SELECT 1 FROM pubsub_outbox_paused_topic p
-                               WHERE p.topic = pubsub_outbox.topic)
+               AND NOT (topic = ANY($4))
              ORDER BY next_attempt_at, id
              LIMIT $2
              FOR UPDATE SKIP LOCKED)
@@ -67,6 +68,7 @@ pub async fn claim_batch(
     .bind(filter.now)
     .bind(filter.limit)
     .bind(filter.topics)
+    .bind(filter.paused)
     .fetch_all(&mut *conn)
     .await
     .context("claiming due rows from pubsub_outbox")?;
@@ -166,7 +168,7 @@ pub async fn claim_ordered(
                  FOR UPDATE OF o SKIP LOCKED) head
              WHERE h.due <= $4
                AND ($5::text[] IS NULL OR h.topic = ANY($5))
-               AND NOT EXISTS (SELECT 1 FROM pubsub_outbox_paused_topic pt WHERE pt.topic = h.topic)
+               AND NOT (h.topic = ANY($9))
                AND (h.topic = ANY($6) OR NOT EXISTS (
                     SELECT 1 FROM pubsub_outbox_dead_letter d
                     WHERE d.topic = h.topic AND d.ordering_key = h.ordering_key))
@@ -208,6 +210,7 @@ pub async fn claim_ordered(
     .bind(claim.skip_dead_letter_topics)
     .bind(f.limit)
     .bind(claim.max_keys.clamp(1, f.limit.max(1)))
+    .bind(f.paused)
     .fetch_all(&mut *conn)
     .await
     .context("claiming ordering keys from pubsub_outbox")?;

@@ -1,5 +1,6 @@
 //! `pubsub_outbox_paused_topic`: topics whose rows are not claimed until they are resumed. The
-//! claims (`super::claim`) skip paused topics; rows keep accumulating and nothing is charged.
+//! dispatcher reads [`topics`] at most once per poll interval and passes them to the claims
+//! (`super::claim`), which skip them; rows keep accumulating and nothing is charged.
 
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
@@ -60,4 +61,13 @@ pub async fn list(conn: &mut PgConnection) -> Result<Vec<PausedTopic>> {
     .fetch_all(&mut *conn)
     .await
     .context("listing pubsub_outbox_paused_topic")
+}
+
+/// The names of the paused topics (what the claims skip).
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn topics(conn: &mut PgConnection) -> Result<Vec<String>> {
+    sqlx::query_scalar("SELECT topic FROM pubsub_outbox_paused_topic")
+        .fetch_all(&mut *conn)
+        .await
+        .context("reading the paused topics")
 }

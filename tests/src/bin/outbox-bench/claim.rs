@@ -204,6 +204,7 @@ async fn drain_lock(pool: &PgPool, batch: i64) -> Result<u64> {
             now: Utc::now(),
             limit: batch,
             topics: None,
+            paused: &[],
         };
         let claimed = claim::claim_batch(&mut tx, &filter).await?;
         if claimed.is_empty() {
