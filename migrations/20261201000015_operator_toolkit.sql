@@ -26,6 +26,9 @@ CREATE TABLE pubsub_outbox_replica (
     rows_in_flight INTEGER     NOT NULL DEFAULT 0
 );
 
+-- The producer remembers the dedupe keys of streams with a lookback (20261201000011).
+GRANT SELECT, INSERT, DELETE ON producer_lookback_key TO outbox_producer;
+
 -- The dispatcher reads pauses and keeps its heartbeat row.
 GRANT SELECT ON pubsub_outbox_paused_topic TO outbox_dispatcher;
 GRANT SELECT, INSERT, UPDATE, DELETE ON pubsub_outbox_replica TO outbox_dispatcher;
