@@ -4,6 +4,7 @@
 mod dispatcher;
 mod dispatcher_options;
 mod foundation;
+mod inbox;
 mod ordering;
 mod poison;
 mod producer;
