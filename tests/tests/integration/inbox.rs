@@ -337,3 +337,44 @@ async fn a_consumer_killed_at_random_points_applies_every_event_exactly_once() {
         n as i64
     );
 }
+
+#[tokio::test]
+async fn retention_purges_only_rows_older_than_the_window_in_batches() {
+    let db = consumer_db().await;
+    let inbox = Inbox::new(db.pool.clone());
+    for i in 0..7 {
+        let key = format!("invoice-{i}");
+        let outcome = inbox
+            .process(CONSUMER, &key, async |tx: &mut PgConnection| {
+                apply(tx, &key, "").await
+            })
+            .await;
+        assert!(matches!(outcome, Outcome::Processed), "{outcome:?}");
+    }
+    sqlx::query(
+        "UPDATE pubsub_inbox SET processed_at = now() - interval '10 days'
+         WHERE dedupe_key <> 'invoice-6'",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("age six rows");
+
+    let purged = inbox
+        .purge(Duration::from_secs(7 * 24 * 3600), 4)
+        .await
+        .expect("the purge runs");
+    assert_eq!(purged, 6, "the six old rows, in batches of 4");
+    assert_eq!(inbox.counters().purged, 6);
+    let left: Vec<String> = sqlx::query_scalar("SELECT dedupe_key FROM pubsub_inbox")
+        .fetch_all(&db.pool)
+        .await
+        .expect("read the inbox");
+    assert_eq!(left, ["invoice-6"], "the recent row stays");
+    // Inside the window a key is still a duplicate.
+    let again = inbox
+        .process(CONSUMER, "invoice-6", async |_: &mut PgConnection| {
+            Ok::<_, sqlx::Error>(())
+        })
+        .await;
+    assert!(matches!(again, Outcome::Duplicate), "{again:?}");
+}
