@@ -39,7 +39,10 @@ pub async fn inbox_bench(db: &Scratch, args: &InboxArgs) -> Result<()> {
     .await?;
     let (mut fresh, mut dupes) = (Vec::new(), Vec::new());
     for run in 1..=args.runs {
-        sqlx::raw_sql("TRUNCATE pubsub_inbox, invoice; VACUUM ANALYZE pubsub_inbox, invoice")
+        sqlx::raw_sql("TRUNCATE pubsub_inbox, invoice")
+            .execute(&pool)
+            .await?;
+        sqlx::raw_sql("VACUUM ANALYZE pubsub_inbox, invoice")
             .execute(&pool)
             .await?;
         let inbox = Inbox::new(pool.clone());
