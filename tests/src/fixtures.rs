@@ -36,6 +36,22 @@ pub fn keyed_dedupe(key: usize, seq: usize) -> String {
     format!("k{key:03}-m{seq:02}")
 }
 
+/// Invoice event `i` for the inbox's example consumer (`invoice_consumer`): invoice `inv-<i>`
+/// of customer `cust-<i % 7>`, total `<i>.25`, dedupe key `invoice-<i>`, unkeyed.
+pub fn invoice_event(topic: &str, i: usize) -> NewMessage {
+    let payload = serde_json::json!({
+        "order_id": format!("inv-{i}"),
+        "customer_id": format!("cust-{}", i % 7),
+        "status": "issued",
+        "total": format!("{i}.25"),
+    });
+    NewMessage::new(
+        topic,
+        format!("invoice-{i}"),
+        payload.to_string().into_bytes(),
+    )
+}
+
 /// Enqueues `messages` in transactions of at most 1,000.
 pub async fn enqueue(pool: &PgPool, messages: &[NewMessage]) {
     for chunk in messages.chunks(1000) {

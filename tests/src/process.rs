@@ -7,16 +7,26 @@ use tokio::process::{Child, Command};
 
 /// Path of a workspace binary next to the test executable (`target/<profile>/<name>`).
 pub fn binary(name: &str) -> PathBuf {
+    built(name)
+}
+
+/// Path of a workspace example (`target/<profile>/examples/<name>`), e.g. the inbox's
+/// `invoice_consumer`.
+pub fn example(name: &str) -> PathBuf {
+    built(&format!("examples/{name}"))
+}
+
+fn built(relative: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    // target/<profile>/deps/integration-<hash> -> target/<profile>/<name>
+    // target/<profile>/deps/integration-<hash> -> target/<profile>/<relative>
     let dir = exe
         .parent()
         .and_then(|deps| deps.parent())
         .expect("target profile dir");
-    let path = dir.join(name);
+    let path = dir.join(relative);
     assert!(
         path.exists(),
-        "{} is missing: build the binaries first (cargo build --workspace --bins)",
+        "{} is missing: build the binaries and examples first (cargo build --workspace --bins --examples)",
         path.display()
     );
     path
@@ -27,16 +37,28 @@ pub fn binary(name: &str) -> PathBuf {
 pub struct Process {
     /// The child.
     pub child: Child,
-    /// Where its stderr goes.
+    /// Where its stdout and stderr go.
     pub log: PathBuf,
 }
 
 impl Process {
     /// Starts `binary` with `args` and `envs` (the parent's OUTBOX_* variables are not inherited).
     pub fn spawn(binary: &str, args: &[&str], envs: &[(&str, String)]) -> Self {
-        let log = std::env::temp_dir().join(format!("{}.log", crate::env::unique_name(binary)));
+        Self::spawn_path(&self::binary(binary), args, envs)
+    }
+
+    /// Starts the example `name` (see [`example`]) like [`Self::spawn`].
+    pub fn spawn_example(name: &str, args: &[&str], envs: &[(&str, String)]) -> Self {
+        Self::spawn_path(&self::example(name), args, envs)
+    }
+
+    fn spawn_path(path: &std::path::Path, args: &[&str], envs: &[(&str, String)]) -> Self {
+        let name = path
+            .file_name()
+            .map_or_else(|| "child".into(), |n| n.to_string_lossy().into_owned());
+        let log = std::env::temp_dir().join(format!("{}.log", crate::env::unique_name(&name)));
         let file = std::fs::File::create(&log).expect("create a log file");
-        let mut cmd = Command::new(self::binary(binary));
+        let mut cmd = Command::new(path);
         for (k, _) in std::env::vars() {
             if k.starts_with("OUTBOX_") {
                 cmd.env_remove(k);
@@ -45,7 +67,7 @@ impl Process {
         cmd.args(args)
             .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(Stdio::from(file.try_clone().expect("share the log file")))
             .stderr(Stdio::from(file))
             .kill_on_drop(true);
         let child = cmd.spawn().expect("spawn the binary");

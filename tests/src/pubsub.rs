@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use google_cloud_pubsub::client::{SchemaService, Subscriber, SubscriptionAdmin, TopicAdmin};
 use google_cloud_pubsub::model::{Encoding, Schema, SchemaSettings, schema};
+use google_cloud_pubsub::subscriber::MessageStream;
 
 use crate::env;
 use crate::ledger::Arrival;
@@ -90,7 +91,13 @@ pub const INVOICE_SCHEMA: &str =
 impl TestTopic {
     /// Creates a topic and a subscription (message ordering enabled when `ordered`).
     pub async fn new(ordered: bool) -> Self {
-        Self::create(ordered, None).await
+        Self::create(ordered, None, 60).await
+    }
+
+    /// Like [`Self::new`] with an ack deadline of `seconds` (10 to 600): how soon the messages a
+    /// killed consumer held are delivered again.
+    pub async fn with_ack_deadline(ordered: bool, seconds: i32) -> Self {
+        Self::create(ordered, None, seconds).await
     }
 
     /// Like [`Self::new`], on a topic that validates every message against [`INVOICE_SCHEMA`]
@@ -117,10 +124,10 @@ impl TestTopic {
             .send()
             .await
             .expect("the emulator creates the schema");
-        Self::create(ordered, Some(schema)).await
+        Self::create(ordered, Some(schema), 60).await
     }
 
-    async fn create(ordered: bool, schema: Option<String>) -> Self {
+    async fn create(ordered: bool, schema: Option<String>, ack_deadline: i32) -> Self {
         let project = env::pubsub_project();
         let topic = format!("projects/{project}/topics/{}", env::unique_name("t"));
         let subscription = format!("projects/{project}/subscriptions/{}", env::unique_name("s"));
@@ -134,7 +141,7 @@ impl TestTopic {
         subs.create_subscription()
             .set_name(&subscription)
             .set_topic(&topic)
-            .set_ack_deadline_seconds(60)
+            .set_ack_deadline_seconds(ack_deadline)
             .set_enable_message_ordering(ordered)
             .send()
             .await
@@ -217,18 +224,23 @@ async fn create_topic_with(topic: &str, schema: Option<String>) {
         .expect("the emulator creates the topic (run `scripts/services up`)");
 }
 
-/// Pulls from `subscription` until `expected` messages arrived or nothing new came for `quiet`.
-pub async fn pull(subscription: &str, expected: usize, quiet: Duration) -> Vec<Received> {
+/// A streaming pull of `subscription` on the emulator, as a consumer opens one.
+pub async fn stream(subscription: &str) -> MessageStream {
     let client = Subscriber::builder()
         .with_endpoint(endpoint())
         .with_credentials(anonymous())
         .build()
         .await
         .expect("subscriber client builds");
-    let mut stream = client
+    client
         .subscribe(subscription)
         .set_max_outstanding_messages(10_000i64)
-        .build();
+        .build()
+}
+
+/// Pulls from `subscription` until `expected` messages arrived or nothing new came for `quiet`.
+pub async fn pull(subscription: &str, expected: usize, quiet: Duration) -> Vec<Received> {
+    let mut stream = stream(subscription).await;
     let mut out = Vec::new();
     while out.len() < expected {
         match tokio::time::timeout(quiet, stream.next()).await {

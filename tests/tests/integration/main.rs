@@ -4,6 +4,7 @@
 mod dispatcher;
 mod dispatcher_options;
 mod foundation;
+mod inbox;
 mod operator;
 mod ordering;
 mod poison;

@@ -5,15 +5,18 @@
 //!   rows/s, enqueue rows/s and WAL bytes per row.
 //! - `dispatch`: drains end to end through the dispatcher's unit of work
 //!   (`Dispatcher::run_batch`) against the Pub/Sub emulator, per ordering-key spread.
+//! - `inbox`: the consumer side: messages/s through `outbox_inbox::Inbox::process` into a table,
+//!   and duplicates/s dropped.
 //!
 //! Every invocation works in its own database (`outbox_bench_<unique>`, created from DATABASE_URL
 //! and migrated) and, for `dispatch`, its own topic; both are removed at the end, also after an error
 //! or Ctrl-C. The topic has no subscription: the emulator accepts the publishes and keeps nothing.
 //!
-//! Modules: `claim`, `dispatch` (the two benchmarks), `scratch` (the database), `report` (figures).
+//! Modules: `claim`, `dispatch`, `inbox` (the benchmarks), `scratch` (the database), `report` (figures).
 
 mod claim;
 mod dispatch;
+mod inbox;
 mod report;
 mod scratch;
 
@@ -52,6 +55,8 @@ enum Command {
     Claim(claim::ClaimArgs),
     /// Drain an outbox end to end through the dispatcher's run_batch into the Pub/Sub emulator.
     Dispatch(dispatch::DispatchArgs),
+    /// Process messages through the consumer inbox into a table, then drop them as duplicates.
+    Inbox(inbox::InboxArgs),
 }
 
 #[tokio::main]
@@ -71,12 +76,14 @@ async fn run(cli: Cli) -> Result<()> {
     let workers = match &cli.command {
         Command::Claim(a) => a.workers,
         Command::Dispatch(a) => a.workers,
+        Command::Inbox(a) => a.workers,
     };
     println!("load average at start: {}", load_average());
     let db = Scratch::create(&cli.database_url, workers.max(1)).await?;
     let outcome = match &cli.command {
         Command::Claim(a) => interruptible(claim::claim_bench(&db, a)).await,
         Command::Dispatch(a) => dispatch::dispatch_bench(&db, a).await,
+        Command::Inbox(a) => interruptible(inbox::inbox_bench(&db, a)).await,
     };
     db.pool.close().await;
     // Dropping the scratch database removes it.
