@@ -118,11 +118,11 @@ async fn claiming_resumes_within_about_a_second_of_pubsub_answering_after_a_cut_
          silent stall 30 s: /readyz 503 after {stall_seen:?}, first publish {stall_recovered:?} after the heal"
     );
     assert!(
-        cut_recovered < Duration::from_secs(3),
+        cut_recovered < Duration::from_secs(5),
         "{cut_recovered:?} after a cut"
     );
     assert!(
-        stall_recovered < Duration::from_secs(3),
+        stall_recovered < Duration::from_secs(5),
         "{stall_recovered:?} after a stall"
     );
 
