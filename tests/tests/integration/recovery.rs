@@ -55,7 +55,10 @@ async fn outage(
     let not_ready = wait_until("/readyz reports the outage", length, || async {
         match http_get(&addr, "/readyz").await {
             (503, body) if body.contains("Pub/Sub") => {
-                assert!(body.contains(&proxy.addr()), "the reason names the endpoint: {body}");
+                assert!(
+                    body.contains(&proxy.addr()),
+                    "the reason names the endpoint: {body}"
+                );
                 Ok(cut.elapsed())
             }
             (status, body) => Err(format!("{status} {body}")),
