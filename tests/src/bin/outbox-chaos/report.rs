@@ -214,7 +214,8 @@ impl Report {
             "arrivals": self.arrival.arrivals,
             "lost": self.arrival.lost.len(), "invented": self.arrival.invented.len(),
             "duplicates": self.arrival.duplicates,
-            "duplicates_by_cause": {"dispatcher_kill": self.attribution.kill,
+            "duplicates_by_cause": {"pubsub_redelivery": self.attribution.redelivered,
+                "dispatcher_kill": self.attribution.kill,
                 "postgres_restart": self.attribution.postgres_restart,
                 "pubsub_outage": self.attribution.outage, "unattributed": self.attribution.other},
             "order_violations": {"arrival_order": self.arrival.order_violations.len(),
@@ -293,9 +294,10 @@ impl Report {
             self.recoveries("postgres_restart")
         );
         println!(
-            "  arrivals           {} ({} duplicates: {} at kills, {} at restarts, {} at outages, {} unattributed)",
+            "  arrivals           {} ({} duplicates: {} redelivered by Pub/Sub; republished: {} at kills, {} at restarts, {} at outages, {} unattributed)",
             self.arrival.arrivals,
             self.arrival.duplicates,
+            a.redelivered,
             a.kill,
             a.postgres_restart,
             a.outage,

@@ -95,13 +95,15 @@ pub fn judge(ledger: &DeliveryLedger, arrivals: &[Rec]) -> (Verdict, Verdict) {
     )
 }
 
-/// Duplicates by likely cause: the first copy of a duplicated message arrived just before (or
+/// Duplicates by likely cause. The same message id again is Pub/Sub redelivering (an ack that
+/// did not reach it in time), not a second publish. Otherwise the first copy of a duplicated message arrived just before (or
 /// during) a dispatcher kill (a batch in flight), a PostgreSQL restart (a lost settle commit) or a
 /// Pub/Sub outage (an abandoned publish the client delivered anyway). Windows: up to the publish
 /// timeout (10 s) before the fault, up to 10 s after its heal for outages (held requests drain
 /// then), 2 s otherwise.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Attribution {
+    pub redelivered: usize,
     pub kill: usize,
     pub postgres_restart: usize,
     pub outage: usize,
@@ -110,15 +112,18 @@ pub struct Attribution {
 
 pub fn attribute_duplicates(arrivals: &[Rec], faults: &[FaultRecord]) -> Attribution {
     let mut first: HashMap<&str, Duration> = HashMap::new();
+    let mut ids = std::collections::HashSet::new();
     let mut dups: Vec<&str> = Vec::new();
+    let mut a = Attribution::default();
     for r in arrivals {
-        if first.contains_key(r.dedupe.as_str()) {
+        if !ids.insert(r.message_id) {
+            a.redelivered += 1;
+        } else if first.contains_key(r.dedupe.as_str()) {
             dups.push(&r.dedupe);
         } else {
             first.insert(&r.dedupe, r.at);
         }
     }
-    let mut a = Attribution::default();
     let before = Duration::from_secs(10);
     for d in dups {
         let t = first[d];
@@ -184,11 +189,13 @@ mod tests {
             rec("m2", "", 2, 60_000),
             rec("m1", "", 3, 33_000),
             rec("m2", "", 4, 61_000),
+            rec("m2", "", 4, 62_000),
         ];
         let a = attribute_duplicates(&arrivals, std::slice::from_ref(&kill));
         assert_eq!(
             a,
             Attribution {
+                redelivered: 1,
                 kill: 1,
                 other: 1,
                 ..Attribution::default()
