@@ -271,20 +271,22 @@ async fn drain(
     })
     .await?;
     report.due_at_end = due;
-    let mut last = (0usize, Instant::now());
+    // Counted incrementally: the arrivals lock is the subscribers' too, hold it briefly.
+    let mut distinct: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let (mut seen, mut last_new) = (0usize, Instant::now());
     loop {
-        let (n, distinct) = {
+        {
             let a = arrivals
                 .lock()
                 .map_err(|_| anyhow!("arrivals lock poisoned"))?;
-            let distinct: BTreeSet<&str> = a.iter().map(|r| r.dedupe.as_str()).collect();
-            (a.len(), distinct.len())
-        };
-        if distinct >= ledger_len || last.1.elapsed() > Duration::from_secs(15) {
-            break;
+            if a.len() > seen {
+                last_new = Instant::now();
+            }
+            distinct.extend(a[seen..].iter().map(|r| r.dedupe.clone()));
+            seen = a.len();
         }
-        if n != last.0 {
-            last = (n, Instant::now());
+        if distinct.len() >= ledger_len || last_new.elapsed() > Duration::from_secs(15) {
+            break;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
