@@ -487,6 +487,9 @@ async fn sigterm_with_a_batch_in_flight_exits_zero_within_the_grace_period_and_s
             "100",
             "--grace-period",
             "10s",
+            // The link is slow on purpose (1.5 s a chunk), not down: keep the stall probe out of it.
+            "--stall-probe-after",
+            "30s",
             "--listen-addr",
             "127.0.0.1:0",
         ],
