@@ -10,7 +10,6 @@ mod audit;
 mod dead_letters;
 mod pause;
 mod status;
-mod table;
 
 use clap::Subcommand;
 use outbox_runtime::db::DatabaseArgs;
@@ -18,7 +17,7 @@ use outbox_runtime::operator::{Exit, describe};
 use outbox_runtime::telemetry::TelemetryArgs;
 use sqlx::PgPool;
 
-pub use table::Table;
+pub use outbox_runtime::table::Table;
 
 /// The operator's commands.
 #[derive(Debug, Clone, Subcommand)]

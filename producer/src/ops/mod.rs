@@ -8,7 +8,6 @@
 
 pub mod rewind;
 pub mod streams;
-mod table;
 
 use clap::Subcommand;
 use outbox_runtime::db::{ConnectError, DatabaseArgs};

@@ -12,8 +12,8 @@ use outbox_shared::store::watermark::{self, Watermark};
 use serde::Serialize;
 use sqlx::PgConnection;
 
-use super::table::Table;
 use super::{Common, OpsError, Output, PositionView};
+use outbox_runtime::table::Table;
 
 /// `producer streams [STREAM...]`.
 #[derive(Debug, Clone, clap::Args)]
@@ -220,9 +220,9 @@ pub fn render(streams: &[StreamView]) -> String {
             Some(r) => (r.id.to_string(), r.outcome.clone()),
             None => (dash(), dash()),
         };
-        overview.push(vec![s.stream.clone(), at, key, moved, last, outcome]);
+        overview.row(vec![s.stream.clone(), at, key, moved, last, outcome]);
         for r in &s.runs {
-            runs.push(vec![
+            runs.row(vec![
                 s.stream.clone(),
                 r.id.to_string(),
                 r.outcome.clone(),

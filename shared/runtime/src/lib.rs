@@ -6,10 +6,12 @@
 //! - [`telemetry`]: logging (text for people, JSON for Cloud Logging).
 //! - [`health`]: the `/healthz`, `/readyz` and `/metrics` server.
 //! - [`shutdown`]: shutdown as a value, fired by signals.
+//! - [`table`]: the operator commands' human tables.
 //! - [`operator`]: what the operator commands share: the actor, exit codes, error text.
 
 pub mod db;
 pub mod health;
 pub mod operator;
 pub mod shutdown;
+pub mod table;
 pub mod telemetry;

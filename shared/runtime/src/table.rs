@@ -1,4 +1,5 @@
-//! Human tables: left-aligned columns sized to their widest cell.
+//! Human tables for the operator commands of both binaries: a header line, left-aligned columns
+//! padded to their widest cell (the last one is not padded).
 
 /// A table to print.
 #[derive(Debug, Default)]
@@ -53,5 +54,18 @@ impl Table {
             out.push_str(&line(row));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Table;
+
+    #[test]
+    fn columns_line_up_under_their_header() {
+        let mut t = Table::new(&["STREAM", "ROWS"]);
+        t.row(vec!["orders".into(), "12".into()]);
+        t.row(vec!["a".into(), "3".into()]);
+        assert_eq!(t.render(), "STREAM  ROWS\norders  12\na       3\n");
     }
 }
