@@ -118,7 +118,14 @@ impl TcpProxy {
         self.state.h2_max.load(Ordering::SeqCst)
     }
 
-    /// Delays every chunk forwarded (both directions) by `delay`.
+    /// Starts counting [`Self::max_requests_in_flight`] afresh from the requests open now.
+    pub fn reset_max_requests_in_flight(&self) {
+        let open = self.state.h2_open.load(Ordering::SeqCst);
+        self.state.h2_max.store(open, Ordering::SeqCst);
+    }
+
+    /// Delays every chunk forwarded (both directions) by `delay`, without serialising them: a
+    /// chunk read while earlier ones wait is itself forwarded `delay` after it arrived.
     pub fn set_delay(&self, delay: Duration) {
         self.state.delay_ms.store(
             u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
@@ -134,34 +141,52 @@ impl Drop for TcpProxy {
     }
 }
 
+/// Forwards `from` to `to`. With a delay set, every chunk is held until `delay` after it was
+/// read, but reading goes on meanwhile: the link adds latency without limiting how many
+/// requests are on the wire at once (HTTP/2 multiplexes many streams on one connection).
 async fn pipe(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     state: Arc<State>,
     h2: Option<(Direction, Arc<Mutex<H2Streams>>)>,
 ) {
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        wait_while_stalled(&state).await;
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        let delay = state.delay_ms.load(Ordering::SeqCst);
-        if delay > 0 {
-            tokio::time::sleep(Duration::from_millis(delay)).await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let reader = {
+        let state = state.clone();
+        async move {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                wait_while_stalled(&state).await;
+                let n = match from.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                let delay = Duration::from_millis(state.delay_ms.load(Ordering::SeqCst));
+                let due = tokio::time::Instant::now() + delay;
+                if tx.send((due, buf[..n].to_vec())).is_err() {
+                    break;
+                }
+            }
         }
-        if let Some((dir, streams)) = &h2
-            && let Ok(mut s) = streams.lock()
-        {
-            s.feed(*dir, &buf[..n], &state);
+    };
+    let writer = async move {
+        while let Some((due, chunk)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            if let Some((dir, streams)) = &h2
+                && let Ok(mut s) = streams.lock()
+            {
+                s.feed(*dir, &chunk, &state);
+            }
+            wait_while_stalled(&state).await;
+            if to.write_all(&chunk).await.is_err() {
+                break;
+            }
         }
-        wait_while_stalled(&state).await;
-        if to.write_all(&buf[..n]).await.is_err() {
-            break;
-        }
-    }
-    let _ = to.shutdown().await;
+        let _ = to.shutdown().await;
+    };
+    // The writer ends when the reader's sender is gone and every chunk was written (or the
+    // peer is gone).
+    tokio::join!(reader, writer);
 }
 
 async fn wait_while_stalled(state: &State) {
