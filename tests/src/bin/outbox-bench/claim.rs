@@ -196,7 +196,7 @@ async fn claim_run(db: &Scratch, args: &ClaimArgs, protocol: Protocol) -> Result
 
 /// The dispatcher's protocol: claim and delete in one transaction, row locks held in between
 /// (where the publish happens).
-async fn drain_lock(pool: &PgPool, batch: i64) -> Result<u64> {
+pub(crate) async fn drain_lock(pool: &PgPool, batch: i64) -> Result<u64> {
     let mut deleted = 0;
     loop {
         let mut tx = pool.begin().await?;

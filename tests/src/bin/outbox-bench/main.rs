@@ -8,15 +8,22 @@
 //! - `inbox`: the consumer side: messages/s through `outbox_inbox::Inbox::process` into a table,
 //!   and duplicates/s dropped.
 //!
+//! - `ceiling`, `round-trip`, `latency`, `resources`: the real `dispatcher` binary as child
+//!   processes (one or more `--dispatcher-bin label=path`, measured in the same rounds): against
+//!   the pipeline ceiling, through added latency, commit -> publish percentiles at a steady
+//!   rate, and its memory (module `pipeline`, the process handling in `binary`).
+//!
 //! Every invocation works in its own database (`outbox_bench_<unique>`, created from DATABASE_URL
 //! and migrated) and, for `dispatch`, its own topic; both are removed at the end, also after an error
 //! or Ctrl-C. The topic has no subscription: the emulator accepts the publishes and keeps nothing.
 //!
 //! Modules: `claim`, `dispatch`, `inbox` (the benchmarks), `scratch` (the database), `report` (figures).
 
+mod binary;
 mod claim;
 mod dispatch;
 mod inbox;
+mod pipeline;
 mod report;
 mod scratch;
 
@@ -57,6 +64,15 @@ enum Command {
     Dispatch(dispatch::DispatchArgs),
     /// Process messages through the consumer inbox into a table, then drop them as duplicates.
     Inbox(inbox::InboxArgs),
+    /// The real dispatcher binary against the pipeline ceiling (DB-only drain and a tight
+    /// publisher in the same rounds), unkeyed and keyed.
+    Ceiling(pipeline::CeilingArgs),
+    /// The real dispatcher binary through a proxy adding latency: 1/4 workers, 1/3 processes.
+    RoundTrip(pipeline::RoundTripArgs),
+    /// Commit -> publish latency at a steady rate of single-row transactions (NOTIFY, poll-only).
+    Latency(pipeline::LatencyArgs),
+    /// The real dispatcher binary's resident memory idle and draining.
+    Resources(pipeline::ResourcesArgs),
 }
 
 #[tokio::main]
@@ -77,6 +93,8 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Claim(a) => a.workers,
         Command::Dispatch(a) => a.workers,
         Command::Inbox(a) => a.workers,
+        Command::Ceiling(a) => a.workers,
+        Command::RoundTrip(_) | Command::Latency(_) | Command::Resources(_) => 4,
     };
     println!("load average at start: {}", load_average());
     let db = Scratch::create(&cli.database_url, workers.max(1)).await?;
@@ -84,6 +102,10 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Claim(a) => interruptible(claim::claim_bench(&db, a)).await,
         Command::Dispatch(a) => dispatch::dispatch_bench(&db, a).await,
         Command::Inbox(a) => interruptible(inbox::inbox_bench(&db, a)).await,
+        Command::Ceiling(a) => interruptible(pipeline::ceiling_bench(&db, a)).await,
+        Command::RoundTrip(a) => interruptible(pipeline::round_trip_bench(&db, a)).await,
+        Command::Latency(a) => interruptible(pipeline::latency_bench(&db, a)).await,
+        Command::Resources(a) => interruptible(pipeline::resources_bench(&db, a)).await,
     };
     db.pool.close().await;
     // Dropping the scratch database removes it.

@@ -1,0 +1,261 @@
+//! The real `dispatcher` binary as a child process: started with environment configuration
+//! (which every version reads), ready when `/readyz` says so, observed through `/metrics` and
+//! `/proc` (published count, resident memory, CPU time).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+
+/// A dispatcher binary to measure, named for the tables: `after=target/release/dispatcher`.
+#[derive(Debug, Clone)]
+pub struct Contender {
+    pub label: String,
+    pub path: PathBuf,
+}
+
+impl FromStr for Contender {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (label, path) = s.split_once('=').unwrap_or(("dispatcher", s));
+        let path = PathBuf::from(path);
+        if !path.is_file() {
+            return Err(format!(
+                "{} is not a file: build it first (cargo build --release -p pubsub-outbox-dispatcher)",
+                path.display()
+            ));
+        }
+        Ok(Self {
+            label: label.to_owned(),
+            path,
+        })
+    }
+}
+
+/// The `dispatcher` built beside this bench (same profile), labelled `dispatcher`.
+pub fn default_contender() -> Result<Contender> {
+    let exe = std::env::current_exe().context("locating outbox-bench")?;
+    let path = exe
+        .parent()
+        .map(|d| d.join("dispatcher"))
+        .ok_or_else(|| anyhow!("outbox-bench has no parent directory"))?;
+    if !path.is_file() {
+        bail!(
+            "{} is missing: build the dispatcher in the same profile as the bench, or pass --dispatcher-bin",
+            path.display()
+        );
+    }
+    Ok(Contender {
+        label: "dispatcher".to_owned(),
+        path,
+    })
+}
+
+/// A running dispatcher process; killed when dropped.
+pub struct DispatcherProcess {
+    child: Child,
+    pid: u32,
+    addr: String,
+    log: PathBuf,
+}
+
+impl DispatcherProcess {
+    /// Starts `binary` against `database_url` and the emulator at `emulator` with the `OUTBOX_*`
+    /// settings in `env` (the bench's own `OUTBOX_*` variables are not inherited), and waits until
+    /// it is ready.
+    pub async fn start(
+        binary: &Path,
+        database_url: &str,
+        emulator: &str,
+        env: &[(&str, String)],
+    ) -> Result<Self> {
+        let port = harness::process::unused_low_port();
+        let addr = format!("127.0.0.1:{port}");
+        let log = std::env::temp_dir().join(format!("outbox-bench-dispatcher-{port}.log"));
+        let file = std::fs::File::create(&log).context("creating the dispatcher's log file")?;
+        let mut cmd = Command::new(binary);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("OUTBOX_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("DATABASE_URL", database_url)
+            .env("PUBSUB_EMULATOR_HOST", emulator)
+            .env("OUTBOX_LISTEN_ADDR", &addr)
+            .env("OUTBOX_LOG", "warn")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(
+                file.try_clone().context("sharing the log file")?,
+            ))
+            .stderr(Stdio::from(file))
+            .kill_on_drop(true);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        let pid = child
+            .id()
+            .ok_or_else(|| anyhow!("the dispatcher exited at once"))?;
+        let mut p = Self {
+            child,
+            pid,
+            addr,
+            log,
+        };
+        let started = Instant::now();
+        loop {
+            if let Ok(Some(status)) = p.child.try_wait() {
+                bail!("the dispatcher exited with {status}; log:\n{}", p.log());
+            }
+            if matches!(get(&p.addr, "/readyz").await, Ok((200, _))) {
+                return Ok(p);
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                bail!(
+                    "the dispatcher was not ready within 30 s; log:\n{}",
+                    p.log()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Messages it published so far (`outbox_published_total`, summed over topics).
+    pub async fn published(&self) -> Result<u64> {
+        let (status, body) = get(&self.addr, "/metrics").await?;
+        if status != 200 {
+            bail!("/metrics answered {status}");
+        }
+        Ok(body
+            .lines()
+            .filter(|l| l.starts_with("outbox_published_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64)
+    }
+
+    /// Resident memory now and at its peak, in MiB (VmRSS, VmHWM).
+    pub fn memory_mb(&self) -> (f64, f64) {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+                .map_or(f64::NAN, |kb| kb / 1024.0)
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+
+    /// CPU seconds it used so far (user + system, all threads).
+    pub fn cpu_seconds(&self) -> f64 {
+        cpu_seconds(self.pid)
+    }
+
+    /// The log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, then waits for the exit (SIGKILL after 30 s).
+    pub async fn stop(mut self) -> Result<()> {
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(self.pid.to_string())
+            .status();
+        match tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await {
+            Ok(Ok(s)) if s.success() => {
+                let _ = std::fs::remove_file(&self.log);
+                Ok(())
+            }
+            Ok(Ok(s)) => bail!("the dispatcher exited with {s}; log:\n{}", self.log()),
+            Ok(Err(e)) => Err(e).context("waiting for the dispatcher"),
+            Err(_) => {
+                let _ = self.child.kill().await;
+                bail!("the dispatcher did not stop within 30 s of SIGTERM")
+            }
+        }
+    }
+}
+
+/// CPU seconds of process `pid` (utime + stime from /proc/<pid>/stat; clock ticks of 1/100 s).
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the name.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Waits until the processes together published `n` messages; returns the rate from the first
+/// publish seen to the last (so start-up does not count), and the most memory any reached.
+pub async fn drain(procs: &[DispatcherProcess], n: u64, limit: Duration) -> Result<Drained> {
+    let started = Instant::now();
+    let mut first: Option<(Instant, u64)> = None;
+    loop {
+        let mut total = 0;
+        for p in procs {
+            total += p.published().await?;
+        }
+        let now = Instant::now();
+        if first.is_none() && total > 0 {
+            first = Some((now, total));
+        }
+        if total >= n {
+            let (t0, c0) = first.unwrap_or((now, 0));
+            let secs = now.duration_since(t0).as_secs_f64();
+            let peak_mb = procs
+                .iter()
+                .map(|p| p.memory_mb().1)
+                .fold(f64::NAN, f64::max);
+            return Ok(Drained {
+                rate: (n - c0.min(n)) as f64 / secs.max(1e-3),
+                peak_mb,
+            });
+        }
+        if started.elapsed() > limit {
+            bail!(
+                "published {total} of {n} within {limit:?}; log of the first dispatcher:\n{}",
+                procs
+                    .first()
+                    .map(DispatcherProcess::log)
+                    .unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// One measured drain by dispatcher processes.
+#[derive(Debug, Clone, Copy)]
+pub struct Drained {
+    pub rate: f64,
+    pub peak_mb: f64,
+}
+
+/// `GET path` over HTTP/1.0 on loopback; (status, body).
+async fn get(addr: &str, path: &str) -> Result<(u16, String)> {
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await?;
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| anyhow!("no HTTP status from {addr}{path}"))?;
+    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+    Ok((status, body))
+}
