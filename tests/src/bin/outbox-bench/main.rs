@@ -13,16 +13,24 @@
 //!   the pipeline ceiling, through added latency, commit -> publish percentiles at a steady
 //!   rate, and its memory (module `pipeline`, the process handling in `binary`).
 //!
+//! - `peer`: side by side on the same server, interleaved: our DB-only drain (the dispatcher's
+//!   lock protocol), a naive one-row-per-transaction loop and Graphile Worker (npm, run from
+//!   `tests/bench/graphile/drain.js`; `npm ci --prefix tests/bench/graphile` first); ratios per round.
+//! - `enqueue`: `enqueue_batch` (`INSERT … SELECT FROM UNNEST`) against binary COPY of the same
+//!   rows, one stream, with the COPY encoding verified by reading rows back.
+//!
 //! Every invocation works in its own database (`outbox_bench_<unique>`, created from DATABASE_URL
 //! and migrated) and, for `dispatch`, its own topic; both are removed at the end, also after an error
 //! or Ctrl-C. The topic has no subscription: the emulator accepts the publishes and keeps nothing.
 //!
-//! Modules: `claim`, `dispatch`, `inbox` (the benchmarks), `scratch` (the database), `report` (figures).
+//! Modules: `claim`, `dispatch`, `inbox`, `peer`, `enqueue` (the benchmarks), `scratch` (the database), `report` (figures).
 
 mod binary;
 mod claim;
 mod dispatch;
+mod enqueue;
 mod inbox;
+mod peer;
 mod pipeline;
 mod report;
 mod scratch;
@@ -73,6 +81,10 @@ enum Command {
     Latency(pipeline::LatencyArgs),
     /// The real dispatcher binary's resident memory idle and draining.
     Resources(pipeline::ResourcesArgs),
+    /// Our DB-only drain against a one-row-per-transaction loop and Graphile Worker, interleaved.
+    Peer(peer::PeerArgs),
+    /// enqueue_batch (INSERT … SELECT FROM UNNEST) against binary COPY of the same rows.
+    Enqueue(enqueue::EnqueueArgs),
 }
 
 #[tokio::main]
@@ -95,6 +107,8 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Inbox(a) => a.workers,
         Command::Ceiling(a) => a.workers,
         Command::RoundTrip(_) | Command::Latency(_) | Command::Resources(_) => 4,
+        Command::Peer(a) => a.workers,
+        Command::Enqueue(_) => 1,
     };
     println!("load average at start: {}", load_average());
     let db = Scratch::create(&cli.database_url, workers.max(1)).await?;
@@ -106,6 +120,8 @@ async fn run(cli: Cli) -> Result<()> {
         Command::RoundTrip(a) => interruptible(pipeline::round_trip_bench(&db, a)).await,
         Command::Latency(a) => interruptible(pipeline::latency_bench(&db, a)).await,
         Command::Resources(a) => interruptible(pipeline::resources_bench(&db, a)).await,
+        Command::Peer(a) => interruptible(peer::peer_bench(&db, a)).await,
+        Command::Enqueue(a) => interruptible(enqueue::enqueue_bench(&db, a)).await,
     };
     db.pool.close().await;
     // Dropping the scratch database removes it.
