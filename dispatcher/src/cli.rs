@@ -180,6 +180,10 @@ pub struct DispatchArgs {
     /// LISTEN channel writers NOTIFY after enqueueing.
     #[arg(long, env = "OUTBOX_NOTIFY_CHANNEL", default_value = DEFAULT_NOTIFY_CHANNEL)]
     pub notify_channel: String,
+    /// After a NOTIFY, gather further notifications this long before waking one idle worker, so
+    /// rows committed meanwhile share one claim and one publish (0: a wake-up per notification).
+    #[arg(long, env = "OUTBOX_NOTIFY_COALESCE", default_value = "5ms", value_parser = humantime::parse_duration)]
+    pub notify_coalesce: Duration,
     /// Do not LISTEN (for transaction-pooling poolers such as PgBouncer); poll only.
     #[arg(long, env = "OUTBOX_NO_LISTEN")]
     pub no_listen: bool,
@@ -297,6 +301,7 @@ impl TryFrom<&RunArgs> for DispatcherConfig {
             idle: Idle {
                 poll_interval: a.poll_interval,
                 max_poll_interval: a.max_poll_interval,
+                notify_coalesce: a.notify_coalesce,
             },
             notify_channel: (!a.no_listen).then(|| a.notify_channel.clone()),
             retention: a.retention,

@@ -196,6 +196,10 @@ pub struct Idle {
     pub poll_interval: Duration,
     /// Longest poll interval when idle.
     pub max_poll_interval: Duration,
+    /// After a NOTIFY, how long further notifications are gathered before one idle worker is
+    /// woken: rows committed in that window share one claim and one publish request (zero wakes
+    /// a worker per notification).
+    pub notify_coalesce: Duration,
 }
 
 impl Default for Idle {
@@ -203,6 +207,7 @@ impl Default for Idle {
         Self {
             poll_interval: Duration::from_millis(250),
             max_poll_interval: Duration::from_secs(5),
+            notify_coalesce: Duration::from_millis(5),
         }
     }
 }

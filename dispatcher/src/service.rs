@@ -145,6 +145,7 @@ impl<P: Publish> Dispatcher<P> {
             background.spawn(tasks::listen(
                 pool.clone(),
                 channel.clone(),
+                config.idle.notify_coalesce,
                 wakeup.clone(),
                 shutdown.clone(),
             ));

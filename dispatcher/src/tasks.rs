@@ -74,10 +74,13 @@ pub(crate) fn readiness(pool: PgPool, breaker: Arc<Breaker>) -> ReadinessCheck {
 }
 
 /// Wakes idle workers on NOTIFY; reconnects with backoff, waking everyone after a reconnect in
-/// case a notification was missed.
+/// case a notification was missed. Notifications arriving within `coalesce` of the first share
+/// one wake-up: at 1,000 single-row transactions/s a wake-up per notification meant a claim, a
+/// publish request and a settle per message (0.29 cores of dispatcher CPU, BENCHMARKS.md).
 pub(crate) async fn listen(
     pool: PgPool,
     channel: String,
+    coalesce: Duration,
     wakeup: Arc<Notify>,
     mut shutdown: Shutdown,
 ) {
@@ -99,12 +102,27 @@ pub(crate) async fn listen(
         }
         backoff = Duration::from_millis(500);
         wakeup.notify_waiters();
-        loop {
+        'connection: loop {
             tokio::select! {
                 n = listener.recv() => match n {
-                    // One notification (one committed transaction) wakes one idle worker; a worker
-                    // that then finds a full batch wakes the next.
-                    Ok(_) => wakeup.notify_one(),
+                    // A notification (one committed transaction, and any others within the
+                    // window) wakes one idle worker; a worker that then finds a full batch wakes
+                    // the next.
+                    Ok(_) => {
+                        let until = tokio::time::Instant::now() + coalesce;
+                        while !coalesce.is_zero() {
+                            match tokio::time::timeout_at(until, listener.recv()).await {
+                                Ok(Ok(_)) => {}
+                                Ok(Err(e)) => {
+                                    wakeup.notify_one();
+                                    tracing::warn!(error = %e, "The LISTEN connection was lost; reconnecting.");
+                                    break 'connection;
+                                }
+                                Err(_) => break,
+                            }
+                        }
+                        wakeup.notify_one();
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "The LISTEN connection was lost; reconnecting.");
                         break;

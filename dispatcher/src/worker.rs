@@ -38,6 +38,8 @@ pub(crate) struct Dispatch<P> {
     pub(crate) idle: SharedIdle,
     /// The paused topics, re-read at most once per poll interval.
     pub(crate) paused: PausedTopics,
+    /// Writers' NOTIFYs wake the workers (LISTEN is on).
+    pub(crate) listening: bool,
 }
 
 impl<P: Publish> Dispatch<P> {
@@ -66,6 +68,7 @@ impl<P: Publish> Dispatch<P> {
             in_flight: (AtomicI32::new(0), AtomicI32::new(0)),
             idle: SharedIdle::new(config.idle),
             paused: PausedTopics::new(config.idle.poll_interval),
+            listening: config.notify_channel.is_some(),
         }
     }
 }
@@ -253,7 +256,7 @@ fn millis(d: Duration) -> u64 {
 }
 
 /// Runs batches until shutdown: back-to-back while there is work, waiting on NOTIFY or the shared
-/// poll interval while idle. One NOTIFY wakes one idle worker; a worker that claimed a full batch
+/// poll interval while idle or after a batch under a quarter full (with LISTEN on). One NOTIFY wakes one idle worker; a worker that claimed a full batch
 /// wakes the next (there is likely more). A batch in flight when shutdown arrives is finished.
 pub(crate) async fn work<P: Publish>(
     d: Arc<Dispatch<P>>,
@@ -284,10 +287,22 @@ pub(crate) async fn work<P: Publish>(
                     "Batch settled."
                 );
                 d.idle.found_work();
-                if s.claimed as i64 >= d.settings.batch_size {
+                let claimed = s.claimed as i64;
+                if claimed >= d.settings.batch_size {
                     wakeup.notify_one();
                 }
                 error_backoff = Duration::from_millis(200);
+                // Well short of full: the backlog is drained and rows trickle in. With LISTEN,
+                // wait for the next (coalesced) notification rather than claim again at once, so
+                // a steady trickle is published in batches of a coalescing window each, not in
+                // back-to-back claims of a row or two (BENCHMARKS.md, "Latency").
+                if d.listening && claimed * 4 < d.settings.batch_size {
+                    tokio::select! {
+                        _ = notified => {}
+                        _ = tokio::time::sleep(d.idle.current()) => {}
+                        _ = shutdown.requested() => break,
+                    }
+                }
             }
             Ok(BatchOutcome::Outage { error, released }) => {
                 tracing::debug!(worker, released, %error, "Batch released: Pub/Sub is unreachable.");

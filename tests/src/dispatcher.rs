@@ -28,6 +28,7 @@ pub fn config_for(pubsub_host: &str) -> DispatcherConfig {
         idle: Idle {
             poll_interval: Duration::from_millis(50),
             max_poll_interval: Duration::from_millis(200),
+            ..Idle::default()
         },
         breaker: BreakerSettings {
             cooldown: Duration::from_millis(200),
