@@ -126,15 +126,23 @@ impl DispatcherProcess {
 
     /// Messages it published so far (`outbox_published_total`, summed over topics).
     pub async fn published(&self) -> Result<u64> {
+        Ok(self.metric("outbox_published_total").await? as u64)
+    }
+
+    /// A metric's value summed over its label sets (0 when absent).
+    pub async fn metric(&self, name: &str) -> Result<f64> {
         let (status, body) = get(&self.addr, "/metrics").await?;
         if status != 200 {
             bail!("/metrics answered {status}");
         }
         Ok(body
             .lines()
-            .filter(|l| l.starts_with("outbox_published_total"))
+            .filter(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+            })
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>() as u64)
+            .sum::<f64>())
     }
 
     /// Resident memory now and at its peak, in MiB (VmRSS, VmHWM).

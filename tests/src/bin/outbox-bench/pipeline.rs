@@ -43,10 +43,20 @@ pub struct Common {
     /// Payload bytes per message.
     #[arg(long, default_value_t = 1024)]
     pub payload_bytes: usize,
+    /// Extra dispatcher settings, `OUTBOX_X=value` (repeatable; every contender gets them).
+    #[arg(long = "dispatcher-env", value_parser = parse_env)]
+    pub dispatcher_env: Vec<(String, String)>,
+}
+
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("expected NAME=value, got {s:?}"))
 }
 
 impl Common {
     fn contenders(&self) -> Result<Vec<Contender>> {
+        let _ = EXTRA_ENV.set(self.dispatcher_env.clone());
         if self.dispatcher_bin.is_empty() {
             Ok(vec![default_contender()?])
         } else {
@@ -167,8 +177,15 @@ fn anonymous() -> google_cloud_auth::credentials::Credentials {
 }
 
 fn env(workers: usize) -> Vec<(&'static str, String)> {
-    vec![("OUTBOX_WORKERS", workers.to_string())]
+    let mut env = vec![("OUTBOX_WORKERS", workers.to_string())];
+    for (k, v) in EXTRA_ENV.get().into_iter().flatten() {
+        env.push((k.as_str(), v.clone()));
+    }
+    env
 }
+
+/// `--dispatcher-env`, set once at the start of a benchmark.
+static EXTRA_ENV: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
 
 /// Fills the outbox, runs `procs` dispatchers (each with `env`) until all is published.
 async fn run_binary(
@@ -565,7 +582,7 @@ pub async fn latency_bench(db: &Scratch, args: &LatencyArgs) -> Result<()> {
                 let r = latency_run(db, args, contender, poll_only).await?;
                 let mode = if poll_only { "poll-only" } else { "NOTIFY" };
                 println!(
-                    "latency round {round}/{}: {} {mode}: {} messages at {:.0} tx/s; commit -> publish p50 {:.1} p95 {:.1} p99 {:.1} max {:.1} ms; commit -> delivery p99 {:.1} ms; dispatcher {:.3} cores; load {}",
+                    "latency round {round}/{}: {} {mode}: {} messages at {:.0} tx/s; commit -> publish p50 {:.1} p95 {:.1} p99 {:.1} max {:.1} ms; commit -> delivery p99 {:.1} ms; dispatcher {:.3} cores, {:.0} batches/s, {:.0} empty claims/s; load {}",
                     args.rounds,
                     contender.label,
                     r.messages,
@@ -576,6 +593,8 @@ pub async fn latency_bench(db: &Scratch, args: &LatencyArgs) -> Result<()> {
                     r.publish[3],
                     r.delivery_p99,
                     r.cores,
+                    r.batches,
+                    r.empty,
                     load_average()
                 );
                 table.push((contender.label.clone(), mode, r));
@@ -587,19 +606,21 @@ pub async fn latency_bench(db: &Scratch, args: &LatencyArgs) -> Result<()> {
         args.rate, args.writers, args.seconds, args.common.payload_bytes
     );
     println!(
-        "| dispatcher | wake-up | messages | commit → publish p50 (ms) | p95 | p99 | max | commit → delivery p99 | dispatcher CPU (cores) |"
+        "| dispatcher | wake-up | messages | commit → publish p50 (ms) | p95 | p99 | max | commit → delivery p99 | dispatcher CPU (cores) | batches/s | empty claims/s |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for (label, mode, r) in table {
         println!(
-            "| {label} | {mode} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} |",
+            "| {label} | {mode} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.0} | {:.0} |",
             r.messages,
             r.publish[0],
             r.publish[1],
             r.publish[2],
             r.publish[3],
             r.delivery_p99,
-            r.cores
+            r.cores,
+            r.batches,
+            r.empty
         );
     }
     Ok(())
@@ -613,6 +634,9 @@ struct LatencyRun {
     publish: [f64; 4],
     delivery_p99: f64,
     cores: f64,
+    /// Batches settled and empty claims, per second.
+    batches: f64,
+    empty: f64,
 }
 
 async fn latency_run(
@@ -664,6 +688,8 @@ async fn latency_run(
     let run_for = Duration::from_secs(args.seconds);
     let started = Instant::now();
     let cpu_before = dispatcher.cpu_seconds();
+    let batches_before = dispatcher.metric("outbox_batch_size_count").await?;
+    let empty_before = dispatcher.metric("outbox_empty_claims_total").await?;
     let mut writers = JoinSet::new();
     for w in 0..args.writers {
         let pool = db.db.pool.clone();
@@ -698,6 +724,8 @@ async fn latency_run(
     let written: usize = join_sum(writers).await?;
     let wall = started.elapsed().as_secs_f64();
     let cores = (dispatcher.cpu_seconds() - cpu_before) / wall;
+    let batches = (dispatcher.metric("outbox_batch_size_count").await? - batches_before) / wall;
+    let empty = (dispatcher.metric("outbox_empty_claims_total").await? - empty_before) / wall;
     // Every message arrives (or the run is void).
     let waited = Instant::now();
     loop {
@@ -741,6 +769,8 @@ async fn latency_run(
         ],
         delivery_p99: percentile(&mut to_delivery, 0.99),
         cores,
+        batches,
+        empty,
     })
 }
 
