@@ -6,14 +6,18 @@
 //! keyed and unkeyed rows (a few deliberately unpublishable), the producer runs on a short
 //! schedule against the growing table, three dispatcher processes publish through a
 //! fault-injecting proxy, and a seeded schedule of faults hits them. An independent subscriber
-//! records every arrival; the verdict (`DeliveryLedger`) then judges the run.
+//! records every arrival; the verdict (`DeliveryLedger`) then judges the run. The application
+//! topic has a second subscription consumed through the inbox (`outbox_inbox`), killed and
+//! restarted at seeded moments: every key delivered must have its effect exactly once.
 //!
 //! Modules: `plan` (what a mode does, the seeded fault schedule), `stack` (the services, the
 //! proxy, child processes, PostgreSQL restarts), `load` (writers, BigQuery rows, producer
 //! schedule), `faults` (executing the schedule), `verdict` (the subscriber and the checks),
+//! `inbox` (the inbox consumer, its kills and its exactly-once check),
 //! `report` (figures, JSON, the summary line), `session` (one run, start to verdict).
 
 mod faults;
+mod inbox;
 mod load;
 mod plan;
 mod report;
