@@ -56,6 +56,11 @@ struct Cli {
     /// Override the mode's load duration in seconds (faults happen within it).
     #[arg(long)]
     load_seconds: Option<u64>,
+    /// Abort and restart the inbox consumer this many times at seeded moments. Off by default:
+    /// the emulator never ends a stream its client dropped, and on the ordered subscription such
+    /// a stream keeps its ordering keys, so their messages go nowhere (README "Chaos").
+    #[arg(long, env = "OUTBOX_CHAOS_INBOX_KILLS", default_value_t = 0)]
+    inbox_kills: usize,
     /// Admin URL of the private PostgreSQL cluster (a scratch database is created on it).
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: String,
@@ -107,6 +112,7 @@ async fn run(cli: Cli) -> Result<bool> {
     if let Some(s) = cli.load_seconds {
         plan.load = std::time::Duration::from_secs(s);
     }
+    plan.inbox_kills = cli.inbox_kills;
     plan.schedule();
     let work_dir = match cli.work_dir {
         Some(d) => d,
