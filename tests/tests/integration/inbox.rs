@@ -248,7 +248,7 @@ async fn an_ordered_subscription_is_applied_in_key_order_through_a_handler_failu
 // kill leaves a stream that competes with the live ones for every redelivery, forever. Real
 // Pub/Sub drops a dead client's stream. Here the final phase runs two consumers (replicas
 // sharing the inbox, as a deployment would) so the live streams win most redeliveries, with a
-// budget for the rest (README, "Consuming through the inbox").
+// budget for the rest (README, "Consuming: effectively-once with the inbox").
 #[tokio::test]
 async fn a_consumer_killed_at_random_points_applies_every_event_exactly_once() {
     let db = TestDb::new().await;
