@@ -7,8 +7,9 @@
 //! schedule against the growing table, three dispatcher processes publish through a
 //! fault-injecting proxy, and a seeded schedule of faults hits them. An independent subscriber
 //! records every arrival; the verdict (`DeliveryLedger`) then judges the run. The application
-//! topic has a second subscription consumed through the inbox (`outbox_inbox`), killed and
-//! restarted at seeded moments: every key delivered must have its effect exactly once.
+//! topic has a second subscription consumed through the inbox (`outbox_inbox`; aborted and
+//! restarted at seeded moments with `--inbox-kills`): every key delivered must have its effect
+//! exactly once.
 //!
 //! Modules: `plan` (what a mode does, the seeded fault schedule), `stack` (the services, the
 //! proxy, child processes, PostgreSQL restarts), `load` (writers, BigQuery rows, producer
