@@ -132,30 +132,80 @@ impl TestTopic {
         let topic = format!("projects/{project}/topics/{}", env::unique_name("t"));
         let subscription = format!("projects/{project}/subscriptions/{}", env::unique_name("s"));
         create_topic_with(&topic, schema).await;
-        let subs = SubscriptionAdmin::builder()
-            .with_endpoint(endpoint())
-            .with_credentials(anonymous())
-            .build()
-            .await
-            .expect("subscription admin client builds");
-        subs.create_subscription()
-            .set_name(&subscription)
-            .set_topic(&topic)
-            .set_ack_deadline_seconds(ack_deadline)
-            .set_enable_message_ordering(ordered)
-            .send()
-            .await
-            .expect("the emulator creates the subscription (run `scripts/services up`)");
+        create_subscription(&topic, &subscription, ordered, ack_deadline).await;
         Self {
             topic,
             subscription,
         }
     }
 
+    /// A second subscription on this topic (every message is delivered to each subscription),
+    /// deleted on drop.
+    pub async fn add_subscription(&self, ordered: bool, ack_deadline: i32) -> TestSubscription {
+        let project = env::pubsub_project();
+        let name = format!("projects/{project}/subscriptions/{}", env::unique_name("s"));
+        create_subscription(&self.topic, &name, ordered, ack_deadline).await;
+        TestSubscription { name }
+    }
+
     /// Pulls until `expected` messages arrived or nothing new came for `quiet`; acks everything.
     /// Returns the messages in delivery order.
     pub async fn pull(&self, expected: usize, quiet: Duration) -> Vec<Received> {
         pull(&self.subscription, expected, quiet).await
+    }
+}
+
+async fn create_subscription(topic: &str, subscription: &str, ordered: bool, ack_deadline: i32) {
+    let subs = SubscriptionAdmin::builder()
+        .with_endpoint(endpoint())
+        .with_credentials(anonymous())
+        .build()
+        .await
+        .expect("subscription admin client builds");
+    subs.create_subscription()
+        .set_name(subscription)
+        .set_topic(topic)
+        .set_ack_deadline_seconds(ack_deadline)
+        .set_enable_message_ordering(ordered)
+        .send()
+        .await
+        .expect("the emulator creates the subscription (run `scripts/services up`)");
+}
+
+/// A subscription made by [`TestTopic::add_subscription`], deleted on drop.
+#[derive(Debug)]
+pub struct TestSubscription {
+    /// Full subscription name.
+    pub name: String,
+}
+
+impl Drop for TestSubscription {
+    fn drop(&mut self) {
+        let subscription = self.name.clone();
+        let handle = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                // The emulator keeps unconsumed messages in memory: always delete what we made.
+                if let Ok(subs) = SubscriptionAdmin::builder()
+                    .with_endpoint(endpoint())
+                    .with_credentials(anonymous())
+                    .build()
+                    .await
+                {
+                    let _ = subs
+                        .delete_subscription()
+                        .set_subscription(&subscription)
+                        .send()
+                        .await;
+                }
+            });
+        });
+        let _ = handle.join();
     }
 }
 

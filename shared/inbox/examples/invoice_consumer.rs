@@ -53,8 +53,10 @@ struct Cli {
     /// Concurrent sequential lanes (an ordering key stays on one lane).
     #[arg(long, env = "INVOICE_LANES", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
     lanes: u16,
-    /// How far the client extends a message's lease at a time: a crashed consumer's messages
-    /// are redelivered this long after it died (10s to 10m).
+    /// How far the client extends a message's lease at a time, and the stream's ack deadline
+    /// (the client sends it as `stream_ack_deadline_seconds`, which overrides the
+    /// subscription's): a crashed consumer's messages are redelivered up to this long after it
+    /// died (10s to 10m).
     #[arg(long, env = "INVOICE_LEASE_EXTENSION", default_value = "60s", value_parser = humantime::parse_duration)]
     lease_extension: Duration,
     /// Exit when no message arrived for this long (e.g. `3s`); default: run until a signal.
@@ -113,9 +115,17 @@ async fn run(cli: Cli) -> Result<()> {
         .build()
         .await
         .context("building the Pub/Sub subscriber (check credentials or --pubsub-emulator-host)")?;
+    let options = ConsumeOptions {
+        lanes: usize::from(cli.lanes),
+        dedupe_attribute: cli.dedupe_attribute.clone(),
+        stop_when_idle: cli.stop_when_idle,
+        ..ConsumeOptions::new(consumer.clone())
+    };
+    // Hold only what the lanes work through: the rest of the backlog stays with Pub/Sub for
+    // other consumers, and a killed consumer leaves little to wait out.
     let stream = client
         .subscribe(&subscription)
-        .set_max_outstanding_messages(1_000i64)
+        .set_max_outstanding_messages(options.max_outstanding_messages())
         .set_max_lease_extension(cli.lease_extension)
         .build();
 
@@ -124,12 +134,6 @@ async fn run(cli: Cli) -> Result<()> {
         cli.retention,
         cli.purge_interval,
     ));
-    let options = ConsumeOptions {
-        lanes: usize::from(cli.lanes),
-        dedupe_attribute: cli.dedupe_attribute.clone(),
-        stop_when_idle: cli.stop_when_idle,
-        ..ConsumeOptions::new(consumer.clone())
-    };
     tracing::info!(%subscription, %consumer, lanes = cli.lanes, "consuming invoice events");
     let consumed = consume(
         &inbox,

@@ -11,10 +11,23 @@
 //! dropped as duplicates) or `hold_after_failure` passes (the redelivery may have gone to
 //! another client). A message that fails every time therefore holds its key, as it holds the
 //! outbox's: give the subscription a dead-letter policy to bound that.
+//!
+//! **Flow control and leases.** [`consume`] reads the stream as fast as it delivers and queues
+//! the messages on their lanes, so every delivered message is at once under the client's lease
+//! management (extended until it is acked or nacked). What bounds the queues is the stream's
+//! flow control: build it with `set_max_outstanding_messages(options.max_outstanding_messages())`
+//! ([`ConsumeOptions::max_outstanding_messages`]), so one consumer holds no more than its lanes
+//! work through in a few seconds and the rest of the backlog stays available to other
+//! consumers. Reading lazily instead would leave delivered messages unread in the HTTP/2
+//! buffers, where nothing extends them: past the stream's ack deadline they are redelivered
+//! while still queued. The Pub/Sub emulator makes that a collapse: it ignores flow control,
+//! pushes 100 messages every 50 ms to every open stream, and starts each ack deadline when it
+//! *sends* the message (README, "Consuming: effectively-once with the inbox").
 
 use std::collections::HashMap;
 use std::fmt::Display;
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use google_cloud_pubsub::model::Message;
@@ -73,8 +86,8 @@ pub struct ConsumeOptions {
     /// Sequential workers; the messages of one ordering key always share one. Messages without
     /// an ordering key are spread over all of them.
     pub lanes: usize,
-    /// Stop when no message arrived for this long (batch drains, demos); `None`: run until
-    /// `shutdown`.
+    /// Stop when no message arrived for this long and the lanes are idle (batch drains,
+    /// demos); `None`: run until `shutdown`.
     pub stop_when_idle: Option<Duration>,
     /// After a failure on an ordering key, how long its later messages are nacked at most while
     /// waiting for the failed message to come back.
@@ -92,16 +105,29 @@ impl ConsumeOptions {
             hold_after_failure: Duration::from_secs(60),
         }
     }
+
+    /// The flow control to give the stream (`set_max_outstanding_messages`): what the lanes
+    /// can work through while the client keeps the leases, and no more (module documentation).
+    pub fn max_outstanding_messages(&self) -> i64 {
+        (self.lanes.max(1) * MESSAGES_PER_LANE) as i64
+    }
 }
 
-/// Messages waiting per lane; beyond that the stream is not read (the client's flow control).
-const LANE_CAPACITY: usize = 32;
+/// Outstanding messages per lane that [`ConsumeOptions::max_outstanding_messages`] allows.
+const MESSAGES_PER_LANE: usize = 32;
+
+type Delivery = (Message, Handler);
 
 /// Reads `stream` until `shutdown` completes, the stream ends, or it was idle for
 /// `stop_when_idle`; runs every message through the inbox with `handler` (given the message
-/// and the transaction), keeping per-key order (module documentation). On the way out it stops
-/// reading, lets the lanes finish the messages they hold and waits for the client to send the
-/// pending acks. Returns the stream's error if it failed permanently.
+/// and the transaction), keeping per-key order (module documentation). Build `stream` with
+/// [`ConsumeOptions::max_outstanding_messages`] as its flow control: the messages are read as
+/// they arrive and wait on their lanes.
+///
+/// At `shutdown` it stops reading, lets each lane finish the message in hand, nacks the
+/// queued ones (redelivered at once, possibly to another consumer) and waits for the client to
+/// send the pending acks. At idle or the end of the stream the lanes finish their queues first.
+/// Returns the stream's error if it failed permanently.
 pub async fn consume<E: Display>(
     inbox: &Inbox,
     mut stream: MessageStream,
@@ -111,26 +137,23 @@ pub async fn consume<E: Display>(
 ) -> Result<(), google_cloud_pubsub::Error> {
     let lanes = options.lanes.max(1);
     let (senders, receivers): (Vec<_>, Vec<_>) =
-        (0..lanes).map(|_| mpsc::channel(LANE_CAPACITY)).unzip();
+        (0..lanes).map(|_| mpsc::unbounded_channel()).unzip();
+    // Routed but not yet processed (idle means none), and whether shutdown was asked.
+    let pending = AtomicUsize::new(0);
+    let stopping = AtomicBool::new(false);
     let token = stream.shutdown_token();
-    let router = async move {
+    let router = async {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut round_robin = 0usize;
         let hasher = BuildHasherDefault::<DefaultHasher>::default();
         let result = loop {
-            let next = async {
-                match options.stop_when_idle {
-                    Some(idle) => tokio::time::timeout(idle, stream.next())
-                        .await
-                        .ok()
-                        .flatten(),
-                    None => stream.next().await,
-                }
-            };
             let next = tokio::select! {
                 biased;
-                () = &mut shutdown => break Ok(()),
-                next = next => next,
+                () = &mut shutdown => {
+                    stopping.store(true, Ordering::SeqCst);
+                    break Ok(());
+                }
+                next = next_unless_idle(&mut stream, options.stop_when_idle, &pending) => next,
             };
             let (message, ack) = match next {
                 Some(Ok(received)) => received,
@@ -143,22 +166,56 @@ pub async fn consume<E: Display>(
             } else {
                 (hasher.hash_one(&message.ordering_key) % lanes as u64) as usize
             };
-            if senders[lane].send((message, ack)).await.is_err() {
+            pending.fetch_add(1, Ordering::SeqCst);
+            if senders[lane].send((message, ack)).is_err() {
                 break Ok(());
             }
         };
-        // No more messages for the lanes; they finish what they hold, then the client flushes.
+        // No more messages for the lanes; they empty their queues, then the client flushes.
         drop(senders);
-        token.shutdown().await;
         result
     };
-    let workers = futures::future::join_all(
-        receivers
-            .into_iter()
-            .map(|rx| lane(inbox, options, rx, &handler)),
-    );
+    let workers = futures::future::join_all(receivers.into_iter().map(|rx| {
+        lane(
+            inbox,
+            options,
+            rx,
+            &handler,
+            Progress {
+                pending: &pending,
+                stopping: &stopping,
+            },
+        )
+    }));
     let (result, _) = tokio::join!(router, workers);
+    token.shutdown().await;
     result
+}
+
+/// The stream's next delivery; `None` once `idle` passed with no delivery and nothing pending.
+async fn next_unless_idle(
+    stream: &mut MessageStream,
+    idle: Option<Duration>,
+    pending: &AtomicUsize,
+) -> Option<google_cloud_pubsub::Result<Delivery>> {
+    let Some(idle) = idle else {
+        return stream.next().await;
+    };
+    loop {
+        match tokio::time::timeout(idle, stream.next()).await {
+            Ok(next) => return next,
+            // Still working through what arrived: a nacked message may yet come back.
+            Err(_) if pending.load(Ordering::SeqCst) > 0 => continue,
+            Err(_) => return None,
+        }
+    }
+}
+
+/// What the router and the lanes share.
+#[derive(Clone, Copy)]
+struct Progress<'a> {
+    pending: &'a AtomicUsize,
+    stopping: &'a AtomicBool,
 }
 
 /// A failed message whose key is held until it comes back.
@@ -171,47 +228,76 @@ struct Hold {
 async fn lane<E: Display>(
     inbox: &Inbox,
     options: &ConsumeOptions,
-    mut rx: mpsc::Receiver<(Message, Handler)>,
+    mut rx: mpsc::UnboundedReceiver<Delivery>,
     handler: &impl AsyncFn(&Message, &mut PgConnection) -> Result<(), E>,
+    progress: Progress<'_>,
 ) {
     let mut holds: HashMap<String, Hold> = HashMap::new();
     while let Some((message, ack)) = rx.recv().await {
-        let key = &message.ordering_key;
-        if let Some(hold) = holds.get(key) {
-            if hold.message_id != message.message_id
-                && hold.since.elapsed() < options.hold_after_failure
-            {
-                // Pub/Sub redelivers this after the failed message: processing it now would
-                // apply the key's messages out of order.
-                tracing::debug!(pubsub.ordering_key = %key, pubsub.message_id = %message.message_id,
-                    "ordering key held after a failure; message nacked unprocessed");
-                ack.nack();
-                continue;
-            }
-            holds.remove(key);
-        }
-        let outcome = process_message(
+        handle(
             inbox,
-            &options.consumer,
-            &options.dedupe_attribute,
-            &message,
+            options,
+            &mut holds,
+            message,
             ack,
-            async |tx: &mut PgConnection| handler(&message, tx).await,
+            handler,
+            progress.stopping,
         )
         .await;
-        if let Outcome::Failed(failure) = outcome {
-            tracing::warn!(pubsub.message_id = %message.message_id,
+        progress.pending.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// One message of a lane: nacked unprocessed after shutdown or while its key is held.
+async fn handle<E: Display>(
+    inbox: &Inbox,
+    options: &ConsumeOptions,
+    holds: &mut HashMap<String, Hold>,
+    message: Message,
+    ack: Handler,
+    handler: &impl AsyncFn(&Message, &mut PgConnection) -> Result<(), E>,
+    stopping: &AtomicBool,
+) {
+    if stopping.load(Ordering::SeqCst) {
+        // Queued, not started: redelivered at once rather than processed during shutdown.
+        ack.nack();
+        return;
+    }
+    let key = &message.ordering_key;
+    if let Some(hold) = holds.get(key) {
+        if hold.message_id != message.message_id
+            && hold.since.elapsed() < options.hold_after_failure
+        {
+            // Pub/Sub redelivers this after the failed message: processing it now would
+            // apply the key's messages out of order.
+            tracing::debug!(pubsub.ordering_key = %key, pubsub.message_id = %message.message_id,
+                    "ordering key held after a failure; message nacked unprocessed");
+            ack.nack();
+            return;
+        }
+        holds.remove(key);
+    }
+    let outcome = process_message(
+        inbox,
+        &options.consumer,
+        &options.dedupe_attribute,
+        &message,
+        ack,
+        async |tx: &mut PgConnection| handler(&message, tx).await,
+    )
+    .await;
+    if let Outcome::Failed(failure) = outcome {
+        tracing::warn!(pubsub.message_id = %message.message_id,
                 pubsub.ordering_key = %key, error = %failure,
                 "message not processed; nacked for redelivery");
-            if !key.is_empty() {
-                holds.insert(
-                    key.clone(),
-                    Hold {
-                        message_id: message.message_id.clone(),
-                        since: Instant::now(),
-                    },
-                );
-            }
+        if !key.is_empty() {
+            holds.insert(
+                key.clone(),
+                Hold {
+                    message_id: message.message_id.clone(),
+                    since: Instant::now(),
+                },
+            );
         }
     }
 }

@@ -242,12 +242,15 @@ async fn an_ordered_subscription_is_applied_in_key_order_through_a_handler_failu
     assert_eq!(inbox.counters().failures, 1);
 }
 
-// Ignored in the suite until the emulator issue is understood: run alone it passes, but under
-// the whole suite's load the emulator has twice kept back 100-message slices that a killed
-// consumer held, redelivering them to no stream for minutes (the effects present were each
-// exactly once). Run it with `cargo test ... inbox::a_consumer -- --ignored`.
+// The emulator never ends the streaming pull of a SIGKILLed client (its HTTP adapter drops the
+// connection reset: "exceptionCaught() ... reached the tail of the pipeline" in its log); the
+// dead stream's pusher keeps taking 100 messages every 50 ms as their deadlines expire, so each
+// kill leaves a stream that competes with the live ones for every redelivery, forever. Real
+// Pub/Sub drops a dead client's stream. Here the final phase runs three consumers (replicas
+// sharing the inbox, as a deployment would) so the live streams win most redeliveries, with a
+// budget for the rest (with two, the last ~1,500 invoices took 50-200 s); README, "Consuming:
+// effectively-once with the inbox".
 #[tokio::test]
-#[ignore = "the emulator withholds a killed stream's messages under load; run with --ignored"]
 async fn a_consumer_killed_at_random_points_applies_every_event_exactly_once() {
     let db = TestDb::new().await;
     // Short leases (the subscription's deadline and the client's extension): what a killed
@@ -306,36 +309,44 @@ async fn a_consumer_killed_at_random_points_applies_every_event_exactly_once() {
         "every kill landed mid-stream: invoices at each kill {at_kill:?}"
     );
 
-    // The emulator hands a killed consumer's messages out again in slices as their leases
-    // expire, and under load has been seen to keep a slice back from a stream opened before the
-    // slice expired: a consumer whose progress stalls for 30 s is restarted (what an operator's
-    // liveness probe would do), at most twice.
-    let mut consumer = Process::spawn_example("invoice_consumer", &args, &envs);
-    for restart in 0..=2 {
-        let (mut last, mut since) = (invoices().await, std::time::Instant::now());
-        while (last as usize) < n && since.elapsed() < Duration::from_secs(30) {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            let now = invoices().await;
-            if now != last {
-                (last, since) = (now, std::time::Instant::now());
+    // The last phase applies the rest: what the killed runs held comes back within the ack
+    // deadline (10 s), but the killed runs' streams (module comment above) keep taking a share
+    // of every redelivery.
+    let replicas = [(); 3].map(|()| Process::spawn_example("invoice_consumer", &args, &envs));
+    let started = std::time::Instant::now();
+    wait_until(
+        "every invoice applied",
+        Duration::from_secs(300),
+        || async {
+            match invoices().await {
+                now if now as usize >= n => Ok(()),
+                now => Err(format!(
+                    "{now} of {n} invoices; log:\n{}",
+                    replicas[0].log()
+                )),
             }
-        }
-        if last as usize == n {
-            break;
-        }
-        assert!(
-            restart < 2,
-            "{last} of {n} invoices after two restarts; log:\n{}",
-            consumer.log()
-        );
-        eprintln!("no progress for 30 s at {last} of {n} invoices: restarting the consumer");
-        harness::process::terminate_all(vec![consumer]).await;
-        consumer = Process::spawn_example("invoice_consumer", &args, &envs);
-    }
+        },
+    )
+    .await;
+    eprintln!(
+        "the last phase applied the rest in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
     // Let redeliveries of what the killed runs held (ack deadline 10 s) arrive and be dropped.
     tokio::time::sleep(Duration::from_secs(12)).await;
-    let log = consumer.log();
-    harness::process::terminate_all(vec![consumer]).await;
+    let logs: Vec<_> = replicas.iter().map(|p| p.log.clone()).collect();
+    harness::process::terminate_all(replicas.into()).await;
+    let log: String = logs
+        .iter()
+        .map(|path| std::fs::read_to_string(path).unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n---\n");
+    for summary in log
+        .lines()
+        .filter(|l| l.starts_with("invoice_consumer: processed"))
+    {
+        eprintln!("last phase: {summary}");
+    }
 
     let (invoices, applied, over_once): (i64, i64, i64) = sqlx::query_as(
         "SELECT count(*), sum(events_applied)::bigint, count(*) FILTER (WHERE events_applied <> 1)

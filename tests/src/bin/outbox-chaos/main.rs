@@ -6,14 +6,19 @@
 //! keyed and unkeyed rows (a few deliberately unpublishable), the producer runs on a short
 //! schedule against the growing table, three dispatcher processes publish through a
 //! fault-injecting proxy, and a seeded schedule of faults hits them. An independent subscriber
-//! records every arrival; the verdict (`DeliveryLedger`) then judges the run.
+//! records every arrival; the verdict (`DeliveryLedger`) then judges the run. The application
+//! topic has a second subscription consumed through the inbox (`outbox_inbox`; aborted and
+//! restarted at seeded moments with `--inbox-kills`): every key delivered must have its effect
+//! exactly once.
 //!
 //! Modules: `plan` (what a mode does, the seeded fault schedule), `stack` (the services, the
 //! proxy, child processes, PostgreSQL restarts), `load` (writers, BigQuery rows, producer
 //! schedule), `faults` (executing the schedule), `verdict` (the subscriber and the checks),
+//! `inbox` (the inbox consumer, its kills and its exactly-once check),
 //! `report` (figures, JSON, the summary line), `session` (one run, start to verdict).
 
 mod faults;
+mod inbox;
 mod load;
 mod plan;
 mod report;
@@ -52,6 +57,11 @@ struct Cli {
     /// Override the mode's load duration in seconds (faults happen within it).
     #[arg(long)]
     load_seconds: Option<u64>,
+    /// Abort and restart the inbox consumer this many times at seeded moments. Off by default:
+    /// the emulator never ends a stream its client dropped, and on the ordered subscription such
+    /// a stream keeps its ordering keys, so their messages go nowhere (README "Chaos").
+    #[arg(long, env = "OUTBOX_CHAOS_INBOX_KILLS", default_value_t = 0)]
+    inbox_kills: usize,
     /// Admin URL of the private PostgreSQL cluster (a scratch database is created on it).
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: String,
@@ -103,6 +113,7 @@ async fn run(cli: Cli) -> Result<bool> {
     if let Some(s) = cli.load_seconds {
         plan.load = std::time::Duration::from_secs(s);
     }
+    plan.inbox_kills = cli.inbox_kills;
     plan.schedule();
     let work_dir = match cli.work_dir {
         Some(d) => d,

@@ -84,6 +84,9 @@ pub struct Plan {
     pub producer_every: Duration,
     /// Timed faults, in time order: (offset from the load's start, fault).
     pub faults: Vec<(Duration, Fault)>,
+    /// Times the inbox consumer is aborted and restarted (`--inbox-kills`; default none: the
+    /// emulator never ends a dropped stream, README "Chaos").
+    pub inbox_kills: usize,
     kills: usize,
     producer_kills: usize,
     outages: usize,
@@ -111,6 +114,7 @@ impl Plan {
             batch_size: 200,
             producer_every: Duration::from_secs(2),
             faults: Vec::new(),
+            inbox_kills: 0,
             kills: 4,
             producer_kills: 1,
             outages: 1,

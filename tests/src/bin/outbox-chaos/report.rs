@@ -2,7 +2,8 @@
 //! times, the outbox's health; printed as a table with one summary line last, and as JSON. A run
 //! passes only with nothing lost, nothing invented, no order broken, exactly the expected dead
 //! letters, the held keys intact, no due row left, the watermark at the newest source row, every
-//! planned fault executed and no dispatcher exiting by itself.
+//! planned fault executed, no dispatcher exiting by itself, and every key the application topic
+//! delivered applied exactly once by the inbox consumer.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -14,6 +15,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 
 use crate::faults::FaultRecord;
+use crate::inbox::InboxFigures;
 use crate::load::Expected;
 use crate::plan::Plan;
 use crate::verdict::{self, Attribution, Rec};
@@ -80,6 +82,8 @@ pub struct Report {
     pub health_after: TableHealth,
     pub drain: Duration,
     pub wall: Duration,
+    /// The inbox consumer of the application topic (set before [`Report::judge`]).
+    pub inbox: InboxFigures,
     pub failures: Vec<String>,
 }
 
@@ -166,6 +170,7 @@ impl Report {
                 f.push(format!("{kind}: {done} of {n} planned executed"));
             }
         }
+        f.extend(self.inbox.failures());
     }
 
     pub fn passed(&self) -> bool {
@@ -204,6 +209,7 @@ impl Report {
                 })
             })
             .collect();
+        let i = &self.inbox;
         let health = |h: &TableHealth| json!({"live_tuples": h.live_tuples, "dead_tuples": h.dead_tuples, "bytes": h.bytes});
         json!({
             "mode": self.mode, "seed": self.seed, "passed": self.passed(),
@@ -239,6 +245,14 @@ impl Report {
                               "killed": self.producer_outcomes.2, "abandoned_rows": self.producer_abandoned},
             "outbox_table": {"before": health(&self.health_before), "peak": health(&self.health_peak),
                              "after": health(&self.health_after)},
+            "inbox": {"delivered_keys": i.delivered, "applied_keys": i.applied,
+                "missing": i.missing.len(), "extra": i.extra.len(),
+                "applied_more_than_once": i.over_once.len(), "inbox_rows": i.inbox_rows,
+                "processed": i.counters.processed, "duplicates_dropped": i.counters.duplicates,
+                "failures": i.counters.failures, "consumer_starts": i.starts,
+                "kills": i.kills.iter().map(|(at, n)| json!({"at_s": at, "processed_before": n}))
+                    .collect::<Vec<_>>(),
+                "catch_up_seconds": i.catch_up.as_secs_f64()},
             "drain_seconds": self.drain.as_secs_f64(),
             "wall_seconds": self.wall.as_secs_f64(),
             "failures": self.failures,
@@ -348,6 +362,22 @@ impl Report {
             self.dispatcher_starts,
             self.unexpected_exits.len()
         );
+        let i = &self.inbox;
+        println!(
+            "  inbox consumer     {} of {} delivered keys applied once ({} missing, {} extra, {} more than once; {} inbox rows); processed {}, duplicates dropped {}, failures {}; {} kills, {} starts; caught up {:.1} s after the drain",
+            i.applied - i.over_once.len().min(i.applied),
+            i.delivered,
+            i.missing.len(),
+            i.extra.len(),
+            i.over_once.len(),
+            i.inbox_rows,
+            i.counters.processed,
+            i.counters.duplicates,
+            i.counters.failures,
+            i.kills.len(),
+            i.starts,
+            i.catch_up.as_secs_f64()
+        );
         println!(
             "  wall time          {:.0} s (drain {:.0} s); JSON: {}",
             self.wall.as_secs_f64(),
@@ -358,7 +388,7 @@ impl Report {
             println!("  FAILED: {f}");
         }
         println!(
-            "chaos {} seed={}: {} rows={rows} lost={} invented={} duplicates={} order_violations={} dead_letters={}/{} kills={} outages={}+{} pg_restarts={} wall={:.0}s",
+            "chaos {} seed={}: {} rows={rows} lost={} invented={} duplicates={} order_violations={} dead_letters={}/{} kills={} outages={}+{} pg_restarts={} inbox_once={}/{} wall={:.0}s",
             self.mode,
             self.seed,
             if self.passed() { "PASS" } else { "FAIL" },
@@ -372,6 +402,8 @@ impl Report {
             self.count("pubsub_cut"),
             self.count("pubsub_stall"),
             self.count("postgres_restart"),
+            i.applied - i.over_once.len().min(i.applied),
+            i.delivered,
             self.wall.as_secs_f64()
         );
     }

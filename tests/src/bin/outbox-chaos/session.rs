@@ -1,7 +1,8 @@
 //! One chaos session, start to verdict: subscribers and dispatchers up; the load and the fault
 //! schedule together; then the drain (producer caught up, every unpublishable row dead-lettered,
 //! every other due row published except those their key holds), the checks on the dead letters and
-//! held keys, the operator's discard that releases the held keys, the final drain and the judgement.
+//! held keys, the operator's discard that releases the held keys, the final drain, the inbox
+//! consumer catching up, and the judgement.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, anyhow, bail};
 
 use crate::faults::{Dispatchers, FaultRecord, Producer, run_schedule};
+use crate::inbox::{self, InboxConsumer};
 use crate::load::{self, AppTopics, Expected, Shared};
 use crate::plan::Plan;
 use crate::report::{Report, TableHealth, table_health};
@@ -30,10 +32,22 @@ pub async fn run(stack: &Stack, plan: &Plan) -> Result<Report> {
     let peak = Mutex::new(TableHealth::default());
 
     let t0 = Instant::now();
+    let app_delivered: inbox::Delivered = Arc::default();
     let subscribers: Vec<_> = [&stack.app, &stack.schema, &stack.bigquery_topic]
         .into_iter()
-        .map(|t| verdict::subscribe(t.subscription.clone(), arrivals.clone(), t0))
+        .enumerate()
+        .map(|(i, t)| {
+            let keys = (i == 0).then(|| app_delivered.clone());
+            verdict::subscribe(t.subscription.clone(), arrivals.clone(), keys, t0)
+        })
         .collect();
+    let consumer = tokio::sync::Mutex::new(
+        InboxConsumer::start(
+            stack.consumer_db.pool.clone(),
+            stack.inbox_subscription.name.clone(),
+        )
+        .await?,
+    );
     let dispatchers = Dispatchers::new();
     dispatchers.start_all(stack, plan).await?;
     let producer = Producer::new(config, plan);
@@ -59,10 +73,11 @@ pub async fn run(stack: &Stack, plan: &Plan) -> Result<Report> {
         .collect();
 
     let foreground = async {
-        let (_, exclusive, kills) = tokio::try_join!(
+        let (_, exclusive, kills, ()) = tokio::try_join!(
             load::feed_bigquery(&stack.table, plan, &expected, t0),
             run_schedule(stack, plan, &dispatchers, &producer, t0, true),
             run_schedule(stack, plan, &dispatchers, &producer, t0, false),
+            inbox::run_kills(&consumer, plan, t0),
         )?;
         for w in writers {
             w.await.map_err(|e| anyhow!("a writer panicked: {e}"))??;
@@ -76,6 +91,8 @@ pub async fn run(stack: &Stack, plan: &Plan) -> Result<Report> {
         let drain_started = Instant::now();
         drain(stack, plan, &expected, &arrivals, &mut report).await?;
         report.drain = drain_started.elapsed();
+        report.inbox =
+            inbox::settle(&consumer, &stack.consumer_db.pool, &app_delivered, t0).await?;
         anyhow::Ok(faults)
     };
     let background = async {

@@ -1,5 +1,6 @@
 //! The run's own stack: a scratch database on the private PostgreSQL cluster (which this module
-//! restarts), three topics on the private Pub/Sub emulator, a fault-injecting TCP proxy in front
+//! restarts) and a consumer database beside it, three topics on the private Pub/Sub emulator (the
+//! application topic with a second subscription, for the inbox consumer), a fault-injecting TCP proxy in front
 //! of it for the dispatchers, a BigQuery table on bqemulator, and the binaries as children.
 //!
 //! `scripts/chaos` starts the services (scripts/services with its own state dir and ports) and
@@ -17,7 +18,7 @@ use gcp_bigquery_client::model::table_field_schema::TableFieldSchema;
 use harness::bigquery::TestTable;
 use harness::db::TestDb;
 use harness::proxy::TcpProxy;
-use harness::pubsub::TestTopic;
+use harness::pubsub::{TestSubscription, TestTopic};
 use sqlx::postgres::PgConnectOptions;
 use tokio::process::{Child, Command};
 
@@ -38,6 +39,10 @@ pub struct Stack {
     pg: PgControl,
     /// Keyed and unkeyed application rows; unpublishable ones carry an oversize attribute.
     pub app: TestTopic,
+    /// The application topic's second subscription, read through the inbox (`inbox` module).
+    pub inbox_subscription: TestSubscription,
+    /// The inbox consumer's database (on the same cluster, so it restarts with it).
+    pub consumer_db: TestDb,
     /// Validates `{"amount": <int>}`: unpublishable rows carry other JSON.
     pub schema: TestTopic,
     /// The producer's stream.
@@ -102,6 +107,11 @@ impl Stack {
         })
         .await
         .map_err(|_| anyhow!("the Pub/Sub emulator at {emulator} did not answer within 60 s"))?;
+        // Ordered like the first; a 10 s ack deadline brings an aborted consumer's messages back.
+        let inbox_subscription = topics.0.add_subscription(true, 10).await;
+        let consumer_db = TestDb::create(admin_url, "outbox_chaos_consumer")
+            .await
+            .context("creating the inbox consumer's database on the private cluster")?;
         let table = tokio::time::timeout(
             Duration::from_secs(60),
             TestTable::create(vec![
@@ -119,6 +129,8 @@ impl Stack {
             pg_port,
             pg,
             app: topics.0,
+            inbox_subscription,
+            consumer_db,
             schema: topics.1,
             bigquery_topic: topics.2,
             table,
@@ -131,6 +143,7 @@ impl Stack {
     /// Removes the database (after closing the pool), the topics and the dataset.
     pub async fn stop(self) {
         self.db.pool.close().await;
+        self.consumer_db.pool.close().await;
         drop(self);
     }
 

@@ -27,9 +27,11 @@ pub struct Rec {
 pub type Arrivals = Arc<Mutex<Vec<Rec>>>;
 
 /// Records (and acks) every message of `subscription` until aborted; reconnects after an error.
+/// The dedupe keys also go to `keys` when given (the inbox consumer's expectation).
 pub fn subscribe(
     subscription: String,
     arrivals: Arrivals,
+    keys: Option<crate::inbox::Delivered>,
     t0: Instant,
 ) -> tokio::task::JoinHandle<Result<()>> {
     tokio::spawn(async move {
@@ -63,6 +65,11 @@ pub fn subscribe(
                             message_id,
                             at: t0.elapsed(),
                         };
+                        if let Some(keys) = &keys {
+                            keys.lock()
+                                .map_err(|_| anyhow!("delivered keys lock poisoned"))?
+                                .insert(rec.dedupe.clone());
+                        }
                         arrivals
                             .lock()
                             .map_err(|_| anyhow!("arrivals lock poisoned"))?
