@@ -206,11 +206,46 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
+/// CPU seconds used so far by the machine's PostgreSQL processes and by the Pub/Sub emulator (a
+/// Java process whose command line names the emulator), read from /proc: where a drain's CPU
+/// goes besides the dispatcher.
+pub fn service_cpu_seconds() -> (f64, f64) {
+    let (mut postgres, mut emulator) = (0.0, 0.0);
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return (f64::NAN, f64::NAN);
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim() == "postgres" {
+            postgres += cpu_seconds(pid);
+        } else if comm.trim() == "java"
+            && std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("pubsub-emulator"))
+        {
+            emulator += cpu_seconds(pid);
+        }
+    }
+    (postgres, emulator)
+}
+
 /// Waits until the processes together published `n` messages; returns the rate from the first
 /// publish seen to the last (so start-up does not count), and the most memory any reached.
 pub async fn drain(procs: &[DispatcherProcess], n: u64, limit: Duration) -> Result<Drained> {
     let started = Instant::now();
     let mut first: Option<(Instant, u64)> = None;
+    let cpu = |procs: &[DispatcherProcess]| {
+        let (pg, emu) = service_cpu_seconds();
+        let own: f64 = procs.iter().map(DispatcherProcess::cpu_seconds).sum();
+        [own, pg, emu]
+    };
+    let before = cpu(procs);
     loop {
         let mut total = 0;
         for p in procs {
@@ -223,6 +258,8 @@ pub async fn drain(procs: &[DispatcherProcess], n: u64, limit: Duration) -> Resu
         if total >= n {
             let (t0, c0) = first.unwrap_or((now, 0));
             let secs = now.duration_since(t0).as_secs_f64();
+            let after = cpu(procs);
+            let per_message = |i: usize| (after[i] - before[i]) * 1e6 / n as f64;
             let peak_mb = procs
                 .iter()
                 .map(|p| p.memory_mb().1)
@@ -230,6 +267,7 @@ pub async fn drain(procs: &[DispatcherProcess], n: u64, limit: Duration) -> Resu
             return Ok(Drained {
                 rate: (n - c0.min(n)) as f64 / secs.max(1e-3),
                 peak_mb,
+                cpu_us: [per_message(0), per_message(1), per_message(2)],
             });
         }
         if started.elapsed() > limit {
@@ -250,6 +288,9 @@ pub async fn drain(procs: &[DispatcherProcess], n: u64, limit: Duration) -> Resu
 pub struct Drained {
     pub rate: f64,
     pub peak_mb: f64,
+    /// CPU µs per message of the dispatcher(s), PostgreSQL and the emulator, over the whole run
+    /// (start-up included, a few ms).
+    pub cpu_us: [f64; 3],
 }
 
 /// `GET path` over HTTP/1.0 on loopback; (status, body).

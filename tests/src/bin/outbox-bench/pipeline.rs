@@ -21,7 +21,7 @@ use google_cloud_pubsub::model::Message;
 use outbox_shared::{NewMessage, enqueue_batch, notify};
 use tokio::task::JoinSet;
 
-use crate::binary::{Contender, DispatcherProcess, default_contender, drain};
+use crate::binary::{Contender, DispatcherProcess, Drained, default_contender, drain};
 use crate::dispatch::Keys;
 use crate::report::{load_average, parse_duration, summary};
 use crate::scratch::Scratch;
@@ -343,7 +343,7 @@ async fn ceiling_rounds(
             )
             .await?;
             println!(
-                "  {}: unkeyed {:.0} msgs/s = {:.2} of the ceiling; {} keys {:.0} msgs/s = {:.2} of unkeyed; peak RSS {:.1} / {:.1} MiB",
+                "  {}: unkeyed {:.0} msgs/s = {:.2} of the ceiling; {} keys {:.0} msgs/s = {:.2} of unkeyed; peak RSS {:.1} / {:.1} MiB; CPU µs/msg (dispatcher / PostgreSQL / emulator) unkeyed {} keyed {}",
                 contender.label,
                 unkeyed.rate,
                 unkeyed.rate / ceiling,
@@ -351,7 +351,9 @@ async fn ceiling_rounds(
                 keyed.rate,
                 keyed.rate / unkeyed.rate,
                 unkeyed.peak_mb,
-                keyed.peak_mb
+                keyed.peak_mb,
+                cpu_split(&unkeyed.cpu_us),
+                cpu_split(&keyed.cpu_us)
             );
             e2e.entry(contender.label.clone())
                 .or_default()
@@ -401,26 +403,42 @@ async fn ceiling_rounds(
         let l = &contender.label;
         row(
             &format!("{l}: unkeyed e2e (msgs/s)"),
-            &mut runs.iter().map(|r| r.0),
+            &mut runs.iter().map(|r| r.0.rate),
             0,
         );
         row(
             &format!("{l}: {} keys e2e (msgs/s)", args.keys),
-            &mut runs.iter().map(|r| r.1),
+            &mut runs.iter().map(|r| r.1.rate),
             0,
         );
         row(
             &format!("{l}: unkeyed e2e / ceiling (per round)"),
-            &mut runs.iter().zip(&ceilings).map(|(r, c)| r.0 / c),
+            &mut runs.iter().zip(&ceilings).map(|(r, c)| r.0.rate / c),
             2,
         );
         row(
             &format!("{l}: keyed / unkeyed (per round)"),
-            &mut runs.iter().map(|r| r.1 / r.0),
+            &mut runs.iter().map(|r| r.1.rate / r.0.rate),
             2,
         );
+        for (i, part) in ["dispatcher", "PostgreSQL", "emulator"].iter().enumerate() {
+            row(
+                &format!("{l}: unkeyed CPU µs/msg, {part}"),
+                &mut runs.iter().map(|r| r.0.cpu_us[i]),
+                1,
+            );
+            row(
+                &format!("{l}: keyed CPU µs/msg, {part}"),
+                &mut runs.iter().map(|r| r.1.cpu_us[i]),
+                1,
+            );
+        }
     }
     Ok(())
+}
+
+fn cpu_split(us: &[f64; 3]) -> String {
+    format!("{:.1} / {:.1} / {:.1}", us[0], us[1], us[2])
 }
 
 pub async fn round_trip_bench(db: &Scratch, args: &RoundTripArgs) -> Result<()> {
