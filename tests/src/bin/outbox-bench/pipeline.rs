@@ -309,7 +309,7 @@ async fn ceiling_rounds(
     tight_publish(c, topic, args.rows.min(200_000), args.workers).await?;
     let mut drains = Vec::new();
     let mut publishes = Vec::new();
-    let mut e2e: HashMap<String, Vec<(f64, f64)>> = HashMap::new();
+    let mut e2e: HashMap<String, Vec<(Drained, Drained)>> = HashMap::new();
     for round in 1..=args.rounds {
         let d = db_drain(db, args.rows, c.payload_bytes, args.workers).await?;
         let p = tight_publish(c, topic, args.rows, args.workers).await?;
@@ -357,7 +357,7 @@ async fn ceiling_rounds(
             );
             e2e.entry(contender.label.clone())
                 .or_default()
-                .push((unkeyed.rate, keyed.rate));
+                .push((unkeyed, keyed));
         }
         drains.push(d);
         publishes.push(p);
