@@ -73,7 +73,7 @@ impl DispatcherProcess {
         emulator: &str,
         env: &[(&str, String)],
     ) -> Result<Self> {
-        let port = harness::process::unused_low_port();
+        let port = low_port()?;
         let addr = format!("127.0.0.1:{port}");
         let log = std::env::temp_dir().join(format!("outbox-bench-dispatcher-{port}.log"));
         let file = std::fs::File::create(&log).context("creating the dispatcher's log file")?;
@@ -188,6 +188,22 @@ impl DispatcherProcess {
             }
         }
     }
+}
+
+/// A loopback port for a dispatcher's endpoints from 20000..32000 (below the kernel's ephemeral
+/// range, so no concurrent bind(0) takes it meanwhile), skipping ports in use. Unlike the test
+/// harness's allocator it has no per-run limit: a bench starts hundreds of dispatchers.
+fn low_port() -> Result<u16> {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 20_000 + (std::process::id() % 12) as u16 * 1_000;
+    for _ in 0..1_000 {
+        let port = base + NEXT.fetch_add(1, Ordering::Relaxed) % 1_000;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no free loopback port in {base}..{}", base + 1_000)
 }
 
 /// CPU seconds of process `pid` (utime + stime from /proc/<pid>/stat; clock ticks of 1/100 s).
