@@ -181,71 +181,53 @@ pub struct TestSubscription {
 
 impl Drop for TestSubscription {
     fn drop(&mut self) {
-        let subscription = self.name.clone();
-        let handle = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            rt.block_on(async move {
-                // The emulator keeps unconsumed messages in memory: always delete what we made.
-                if let Ok(subs) = SubscriptionAdmin::builder()
-                    .with_endpoint(endpoint())
-                    .with_credentials(anonymous())
-                    .build()
-                    .await
-                {
-                    let _ = subs
-                        .delete_subscription()
-                        .set_subscription(&subscription)
-                        .send()
-                        .await;
-                }
-            });
-        });
-        let _ = handle.join();
+        delete_from_emulator(Some(self.name.clone()), None);
     }
 }
 
 impl Drop for TestTopic {
     fn drop(&mut self) {
-        let topic = self.topic.clone();
-        let subscription = self.subscription.clone();
-        let handle = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            rt.block_on(async move {
-                // The emulator keeps unconsumed messages in memory: always delete what we made.
-                if let Ok(subs) = SubscriptionAdmin::builder()
-                    .with_endpoint(endpoint())
-                    .with_credentials(anonymous())
-                    .build()
-                    .await
-                {
-                    let _ = subs
-                        .delete_subscription()
-                        .set_subscription(&subscription)
-                        .send()
-                        .await;
-                }
-                if let Ok(topics) = TopicAdmin::builder()
-                    .with_endpoint(endpoint())
-                    .with_credentials(anonymous())
-                    .build()
-                    .await
-                {
-                    let _ = topics.delete_topic().set_topic(&topic).send().await;
-                }
-            });
-        });
-        let _ = handle.join();
+        delete_from_emulator(Some(self.subscription.clone()), Some(self.topic.clone()));
     }
+}
+
+/// Deletes a subscription and/or a topic from a drop, on a thread of its own (a drop cannot
+/// await, and may run inside or outside a runtime). The emulator keeps unconsumed messages in
+/// memory: always delete what we made. Errors are ignored: the emulator may be gone already.
+fn delete_from_emulator(subscription: Option<String>, topic: Option<String>) {
+    let handle = std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async move {
+            if let Some(subscription) = subscription
+                && let Ok(subs) = SubscriptionAdmin::builder()
+                    .with_endpoint(endpoint())
+                    .with_credentials(anonymous())
+                    .build()
+                    .await
+            {
+                let _ = subs
+                    .delete_subscription()
+                    .set_subscription(&subscription)
+                    .send()
+                    .await;
+            }
+            if let Some(topic) = topic
+                && let Ok(topics) = TopicAdmin::builder()
+                    .with_endpoint(endpoint())
+                    .with_credentials(anonymous())
+                    .build()
+                    .await
+            {
+                let _ = topics.delete_topic().set_topic(&topic).send().await;
+            }
+        });
+    });
+    let _ = handle.join();
 }
 
 /// Creates a topic (full name) on the emulator.

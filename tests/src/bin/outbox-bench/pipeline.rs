@@ -161,6 +161,17 @@ impl BenchTopic {
         Ok(Self { admin, name })
     }
 
+    /// Runs `work` on a fresh topic, deleted afterwards (also after `work` failed).
+    async fn around(
+        common: &Common,
+        what: &str,
+        work: impl AsyncFnOnce(&str) -> Result<()>,
+    ) -> Result<()> {
+        let topic = Self::create(common, what).await?;
+        let outcome = work(&topic.name).await;
+        outcome.and(topic.delete().await)
+    }
+
     async fn delete(self) -> Result<()> {
         self.admin
             .delete_topic()
@@ -293,9 +304,10 @@ async fn tight_publish(
 
 pub async fn ceiling_bench(db: &Scratch, args: &CeilingArgs) -> Result<()> {
     let contenders = args.common.contenders()?;
-    let topic = BenchTopic::create(&args.common, "ceiling").await?;
-    let outcome = ceiling_rounds(db, args, &contenders, &topic.name).await;
-    outcome.and(topic.delete().await)
+    BenchTopic::around(&args.common, "ceiling", async |topic: &str| {
+        ceiling_rounds(db, args, &contenders, topic).await
+    })
+    .await
 }
 
 async fn ceiling_rounds(
@@ -443,12 +455,12 @@ fn cpu_split(us: &[f64; 3]) -> String {
 
 pub async fn round_trip_bench(db: &Scratch, args: &RoundTripArgs) -> Result<()> {
     let contenders = args.common.contenders()?;
-    let topic = BenchTopic::create(&args.common, "round-trip").await?;
-    let proxy = harness::proxy::TcpProxy::start(&args.common.pubsub_emulator_host).await;
-    proxy.set_delay(args.latency);
-    let outcome = round_trip_rounds(db, args, &contenders, &topic.name, &proxy).await;
-    drop(proxy);
-    outcome.and(topic.delete().await)
+    BenchTopic::around(&args.common, "round-trip", async |topic: &str| {
+        let proxy = harness::proxy::TcpProxy::start(&args.common.pubsub_emulator_host).await;
+        proxy.set_delay(args.latency);
+        round_trip_rounds(db, args, &contenders, topic, &proxy).await
+    })
+    .await
 }
 
 async fn round_trip_rounds(
@@ -521,9 +533,10 @@ async fn round_trip_rounds(
 
 pub async fn resources_bench(db: &Scratch, args: &ResourcesArgs) -> Result<()> {
     let contenders = args.common.contenders()?;
-    let topic = BenchTopic::create(&args.common, "resources").await?;
-    let outcome = resources_runs(db, args, &contenders, &topic.name).await;
-    outcome.and(topic.delete().await)
+    BenchTopic::around(&args.common, "resources", async |topic: &str| {
+        resources_runs(db, args, &contenders, topic).await
+    })
+    .await
 }
 
 async fn resources_runs(
