@@ -141,22 +141,13 @@ impl Drop for TestTable {
         // A fresh client on a private runtime: the test's client keeps pooled connections whose
         // tasks live on the test runtime, which this blocking drop would deadlock.
         let (project, dataset) = (self.project.clone(), self.dataset.clone());
-        let handle = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            rt.block_on(async move {
-                let _ = client()
-                    .await
-                    .dataset()
-                    .delete_if_exists(&project, &dataset, true)
-                    .await;
-            });
+        crate::detached::block_on_detached(move || async move {
+            let _ = client()
+                .await
+                .dataset()
+                .delete_if_exists(&project, &dataset, true)
+                .await;
         });
-        let _ = handle.join();
     }
 }
 

@@ -14,6 +14,7 @@
 
 pub mod bigquery;
 pub mod db;
+pub mod detached;
 pub mod dispatcher;
 pub mod env;
 pub mod fixtures;

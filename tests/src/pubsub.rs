@@ -191,43 +191,33 @@ impl Drop for TestTopic {
     }
 }
 
-/// Deletes a subscription and/or a topic from a drop, on a thread of its own (a drop cannot
-/// await, and may run inside or outside a runtime). The emulator keeps unconsumed messages in
-/// memory: always delete what we made. Errors are ignored: the emulator may be gone already.
+/// Deletes a subscription and/or a topic from a drop (see [`crate::detached`]). The emulator
+/// keeps unconsumed messages in memory: always delete what we made.
 fn delete_from_emulator(subscription: Option<String>, topic: Option<String>) {
-    let handle = std::thread::spawn(move || {
-        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        else {
-            return;
-        };
-        rt.block_on(async move {
-            if let Some(subscription) = subscription
-                && let Ok(subs) = SubscriptionAdmin::builder()
-                    .with_endpoint(endpoint())
-                    .with_credentials(anonymous())
-                    .build()
-                    .await
-            {
-                let _ = subs
-                    .delete_subscription()
-                    .set_subscription(&subscription)
-                    .send()
-                    .await;
-            }
-            if let Some(topic) = topic
-                && let Ok(topics) = TopicAdmin::builder()
-                    .with_endpoint(endpoint())
-                    .with_credentials(anonymous())
-                    .build()
-                    .await
-            {
-                let _ = topics.delete_topic().set_topic(&topic).send().await;
-            }
-        });
+    crate::detached::block_on_detached(move || async move {
+        if let Some(subscription) = subscription
+            && let Ok(subs) = SubscriptionAdmin::builder()
+                .with_endpoint(endpoint())
+                .with_credentials(anonymous())
+                .build()
+                .await
+        {
+            let _ = subs
+                .delete_subscription()
+                .set_subscription(&subscription)
+                .send()
+                .await;
+        }
+        if let Some(topic) = topic
+            && let Ok(topics) = TopicAdmin::builder()
+                .with_endpoint(endpoint())
+                .with_credentials(anonymous())
+                .build()
+                .await
+        {
+            let _ = topics.delete_topic().set_topic(&topic).send().await;
+        }
     });
-    let _ = handle.join();
 }
 
 /// Creates a topic (full name) on the emulator.
