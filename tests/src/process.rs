@@ -129,20 +129,21 @@ pub async fn terminate_all(procs: Vec<Process>) {
 /// It comes from 20000..32000, below the kernel's ephemeral range (32768-60999 on Linux), so no
 /// `bind(port 0)` or outgoing connection of a concurrent test can be handed it between this call
 /// and the child's bind (the race of "bind port 0, release, hope"). Each call of a run returns a
-/// different port, offset by the process id so concurrent runs differ, and skips ports something
-/// already listens on.
+/// port of a window of 30, offset by the process id so concurrent runs differ, in turn (after
+/// the last it starts again at the first: a long run such as a benchmark starts hundreds of
+/// children), skipping ports something already listens on.
 pub fn unused_low_port() -> u16 {
     use std::sync::atomic::{AtomicU16, Ordering};
+    const WINDOW: u16 = 30;
     static NEXT: AtomicU16 = AtomicU16::new(0);
-    let base = 20_000 + (std::process::id() % 400) as u16 * 30;
-    loop {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        assert!(n < 30, "out of test ports for this run");
-        let port = base + n;
+    let base = 20_000 + (std::process::id() % 400) as u16 * WINDOW;
+    for _ in 0..WINDOW {
+        let port = base + NEXT.fetch_add(1, Ordering::Relaxed) % WINDOW;
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }
     }
+    panic!("every test port in {base}..{} is in use", base + WINDOW);
 }
 
 /// `GET path` over plain HTTP/1.0; returns (status, body).

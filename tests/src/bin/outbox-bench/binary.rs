@@ -73,7 +73,7 @@ impl DispatcherProcess {
         emulator: &str,
         env: &[(&str, String)],
     ) -> Result<Self> {
-        let port = low_port()?;
+        let port = harness::process::unused_low_port();
         let addr = format!("127.0.0.1:{port}");
         let log = std::env::temp_dir().join(format!("outbox-bench-dispatcher-{port}.log"));
         let file = std::fs::File::create(&log).context("creating the dispatcher's log file")?;
@@ -190,22 +190,6 @@ impl DispatcherProcess {
     }
 }
 
-/// A loopback port for a dispatcher's endpoints from 20000..32000 (below the kernel's ephemeral
-/// range, so no concurrent bind(0) takes it meanwhile), skipping ports in use. Unlike the test
-/// harness's allocator it has no per-run limit: a bench starts hundreds of dispatchers.
-fn low_port() -> Result<u16> {
-    use std::sync::atomic::{AtomicU16, Ordering};
-    static NEXT: AtomicU16 = AtomicU16::new(0);
-    let base = 20_000 + (std::process::id() % 12) as u16 * 1_000;
-    for _ in 0..1_000 {
-        let port = base + NEXT.fetch_add(1, Ordering::Relaxed) % 1_000;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return Ok(port);
-        }
-    }
-    bail!("no free loopback port in {base}..{}", base + 1_000)
-}
-
 /// CPU seconds of process `pid` (utime + stime from /proc/<pid>/stat; clock ticks of 1/100 s).
 pub fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -272,7 +256,12 @@ pub async fn drain(procs: &[DispatcherProcess], n: u64, limit: Duration) -> Resu
             first = Some((now, total));
         }
         if total >= n {
-            let (t0, c0) = first.unwrap_or((now, 0));
+            // Timed from the first publish seen; a drain that finished within one poll is timed
+            // from the start of the wait instead (tiny smoke runs).
+            let (t0, c0) = match first {
+                Some((t0, c0)) if c0 < n => (t0, c0),
+                _ => (started, 0),
+            };
             let secs = now.duration_since(t0).as_secs_f64();
             let after = cpu(procs);
             let per_message = |i: usize| (after[i] - before[i]) * 1e6 / n as f64;
