@@ -2,28 +2,20 @@
 -- migrations) keeps DDL; the workloads get only the DML their statements need, and log in as IAM
 -- database users that are members of these roles (deploy/README.md, "Database roles").
 --
--- The roles are NOLOGIN groups and cluster-wide. On Cloud SQL they are created beforehand by the
--- bootstrap step (deploy/sql/bootstrap.sql, run once by an administrator), so the migration role
--- needs no CREATEROLE; locally (a superuser) this creates them. Many databases of one cluster may
--- be migrated at once (the tests do), so a concurrent CREATE ROLE that loses the race is ignored:
--- it fails with duplicate_object, or with unique_violation on pg_authid's name index.
+-- The roles are NOLOGIN groups and cluster-wide. They are created beforehand, by an administrator,
+-- with deploy/sql/bootstrap.sql (locally and in the tests: deploy/sql/roles.sql), so the migrating
+-- role needs no CREATEROLE (on Cloud SQL it has none). A missing role stops the migration with
+-- the fix, before anything is changed.
 DO $$
+DECLARE
+    role_name text;
 BEGIN
-    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'outbox_dispatcher') THEN
-        CREATE ROLE outbox_dispatcher NOLOGIN;
-    END IF;
-EXCEPTION WHEN duplicate_object OR unique_violation THEN
-    NULL;
-END
-$$;
-
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'outbox_producer') THEN
-        CREATE ROLE outbox_producer NOLOGIN;
-    END IF;
-EXCEPTION WHEN duplicate_object OR unique_violation THEN
-    NULL;
+    FOREACH role_name IN ARRAY ARRAY['outbox_dispatcher', 'outbox_producer'] LOOP
+        IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = role_name) THEN
+            RAISE EXCEPTION 'role % does not exist: run deploy/sql/bootstrap.sql in this database as an administrator (a role with CREATEROLE), then migrate again', role_name
+                USING ERRCODE = 'undefined_object';
+        END IF;
+    END LOOP;
 END
 $$;
 

@@ -36,14 +36,14 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON pubsub_outbox_replica TO outbox_dispatch
 -- Operators (people, through `dispatcher status|dead-letters|pause|resume|audit` and
 -- `producer streams|rewind`) log in as IAM users that are members of this group: they read
 -- everything, move dead letters back or away, pause topics, rewind watermarks, and write the
--- audit trail in the same transaction as each action. Created like the workload roles (race-safe).
+-- audit trail in the same transaction as each action. The role comes from
+-- deploy/sql/bootstrap.sql, like the workload roles.
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'outbox_operator') THEN
-        CREATE ROLE outbox_operator NOLOGIN;
+        RAISE EXCEPTION 'role outbox_operator does not exist: run deploy/sql/bootstrap.sql in this database as an administrator (a role with CREATEROLE), then migrate again'
+            USING ERRCODE = 'undefined_object';
     END IF;
-EXCEPTION WHEN duplicate_object OR unique_violation THEN
-    NULL;
 END
 $$;
 GRANT SELECT, INSERT ON pubsub_outbox TO outbox_operator;

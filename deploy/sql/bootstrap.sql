@@ -1,42 +1,47 @@
--- One-time database bootstrap for pubsub-outbox on Cloud SQL, run by an administrator (a member of
--- cloudsqlsuperuser, e.g. the built-in `postgres` user) in the outbox database, BEFORE the first
--- migration. Idempotent: safe to run again (for example after adding an IAM user).
+-- One-time database bootstrap for pubsub-outbox, run by an administrator (Cloud SQL: the built-in
+-- `postgres` user, a member of cloudsqlsuperuser) in the outbox database (the application's own
+-- database, if the outbox lives beside it) BEFORE the first migration. Idempotent: run it again
+-- after adding an operator.
 --
---   psql "host=127.0.0.1 port=5432 dbname=outbox user=postgres" \
+--   psql "host=127.0.0.1 port=5432 dbname=outbox user=postgres" -v ON_ERROR_STOP=1 \
 --     -v migrator='pubsub-outbox-migrate@PROJECT_ID.iam' \
 --     -v dispatcher='pubsub-outbox-dispatcher@PROJECT_ID.iam' \
 --     -v producer='pubsub-outbox-producer@PROJECT_ID.iam' \
---     -v ON_ERROR_STOP=1 -f deploy/sql/bootstrap.sql
+--     -v operator='oncall@example.com' \
+--     -f deploy/sql/bootstrap.sql
 --
--- (`terraform output -raw database_bootstrap_command` prints it with the real names.) The three
--- users are the IAM database users Terraform creates (cloudsql.tf); IAM users start with no
--- privileges at all. This gives:
---   migrator   : owns the schema objects the migrations create (CREATE on schema public)
---   dispatcher : member of outbox_dispatcher (DML on pubsub_outbox and the dead-letter table)
---   producer   : member of outbox_producer (INSERT into the outbox; its watermark and run ledger)
--- The table grants to the two group roles are made by the migrations themselves
--- (migrations/20261201000001_workload_roles.sql), by the owner, so they follow the schema.
+-- (`terraform output -raw database_bootstrap_command` prints it with the real names.) Every
+-- variable is optional: a login that is not named is left alone, so `-v operator=NAME` alone
+-- makes one more person (or IAM group) an operator, and no variable at all only creates the group
+-- roles (a local database where everything logs in as a superuser). The logins are IAM database
+-- users (Terraform creates them: cloudsql.tf); IAM users start with no privileges at all. This
+-- gives:
+--   migrator   : may create the schema objects the migrations create (CREATE on schema public),
+--                and so owns them; no CREATEROLE, no CREATEDB, no cloudsqlsuperuser
+--   dispatcher : member of outbox_dispatcher (claims, settles, dead-letters)
+--   producer   : member of outbox_producer (inserts into the outbox; its watermark and run ledger)
+--   operator   : member of outbox_operator (the operator commands; the audit trail records the
+--                login next to the actor it declares)
+-- The table grants to the group roles are made by the migrations themselves, by the owner, so
+-- they follow the schema.
 
--- The group roles exist before the first migration, so the migrator needs no CREATEROLE (on
--- PostgreSQL 15 CREATEROLE could grant itself any non-superuser role).
-SELECT NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'outbox_dispatcher') AS create_dispatcher_role,
-       NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'outbox_producer') AS create_producer_role
-\gset
-\if :create_dispatcher_role
-CREATE ROLE outbox_dispatcher NOLOGIN;
-\endif
-\if :create_producer_role
-CREATE ROLE outbox_producer NOLOGIN;
-\endif
-
--- The schema owner. Nothing else: no CREATEROLE, no CREATEDB, no membership in
--- cloudsqlsuperuser.
-GRANT USAGE, CREATE ON SCHEMA public TO :"migrator";
+-- The group roles exist before the first migration: no migration needs CREATEROLE.
+\ir roles.sql
 
 -- The group roles reach the tables in schema public (PUBLIC has this by default; spelled out in
 -- case a hardened database revoked it).
-GRANT USAGE ON SCHEMA public TO outbox_dispatcher, outbox_producer;
+GRANT USAGE ON SCHEMA public TO outbox_dispatcher, outbox_producer, outbox_operator;
 
--- The workloads log in as themselves and act through their group role.
+\if :{?migrator}
+GRANT USAGE, CREATE ON SCHEMA public TO :"migrator";
+\endif
+-- The workloads and the people log in as themselves and act through their group role.
+\if :{?dispatcher}
 GRANT outbox_dispatcher TO :"dispatcher";
+\endif
+\if :{?producer}
 GRANT outbox_producer TO :"producer";
+\endif
+\if :{?operator}
+GRANT outbox_operator TO :"operator";
+\endif

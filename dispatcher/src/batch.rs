@@ -294,11 +294,12 @@ async fn watch_for_stall<P: Publish>(
     tokio::select! {
         results = &mut publishing => Ok(results),
         probe = d.publisher.probe(topic) => match probe {
-            Ok(()) => Ok(publishing.await),
-            Err(e) => Err(format!(
+            Err(e) if e.is_outage() => Err(format!(
                 "no answer to a publish for {:?}, and the probe failed: {e}",
                 d.stall_probe_after
             )),
+            // It answered, or refused the probe before sending (not an outage): wait on.
+            _ => Ok(publishing.await),
         },
     }
 }
@@ -401,7 +402,12 @@ async fn probe_failure<P: Publish>(
         Attempt::Failed(f) if f.kind == FailureKind::Transient => Some((m, f)),
         _ => None,
     })?;
-    let probe = d.publisher.probe(&m.topic).await.err()?;
+    let probe = d
+        .publisher
+        .probe(&m.topic)
+        .await
+        .err()
+        .filter(|e| e.is_outage())?;
     Some(format!("{} (probe: {probe})", failure.message))
 }
 

@@ -164,9 +164,15 @@ impl Breaker {
             let result = publisher.probe(&topic).await;
             match result {
                 Ok(()) => self.close(),
+                Err(refused) if !refused.is_outage() => {
+                    // Nothing was sent: not an outage. The messages' own publishes fail
+                    // permanently and are dead-lettered with the reason; the others flow.
+                    tracing::error!(pubsub.topic = %topic, error = %refused, "The Pub/Sub client refuses requests for this topic; this is a configuration error, not an outage.");
+                    self.close();
+                }
                 Err(reason) => {
                     tracing::debug!(pubsub.topic = %topic, error = %reason, "The probe failed; Pub/Sub is still unreachable.");
-                    self.open(&topic, &reason);
+                    self.open(&topic, &reason.to_string());
                 }
             }
             self.probing.store(false, Ordering::Release);

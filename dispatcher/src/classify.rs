@@ -83,9 +83,19 @@ pub fn classify_code(code: Code) -> FailureKind {
     }
 }
 
+/// Whether the client refused a request before sending anything: a resource name that does not
+/// match its template (`is_binding`) or a request it cannot encode. Nothing reached Pub/Sub, so
+/// this is never an outage; the request itself (its configuration) is wrong.
+pub fn refused_before_sending(e: &google_cloud_gax::error::Error) -> bool {
+    e.is_binding() || e.is_serialization()
+}
+
 /// Classifies an error returned by the Pub/Sub client for one message.
 pub fn classify(error: &PublishError) -> PublishFailure {
     match error {
+        PublishError::Rpc(e) if refused_before_sending(e) => PublishFailure::permanent(format!(
+            "refused by the Pub/Sub client before sending (check the topic name and the message): {e}"
+        )),
         PublishError::Rpc(e) => {
             let kind = match e.status() {
                 Some(status) => classify_code(status.code),

@@ -10,7 +10,7 @@ use google_cloud_gax::error::rpc::Code;
 use outbox_runtime::db::DatabaseArgs;
 use outbox_runtime::telemetry::TelemetryArgs;
 use outbox_shared::{
-    DEFAULT_DEDUPE_ATTRIBUTE, DEFAULT_NOTIFY_CHANNEL, RetrySchedule, full_topic_name,
+    DEFAULT_DEDUPE_ATTRIBUTE, DEFAULT_NOTIFY_CHANNEL, RetrySchedule, resolve_topic,
 };
 
 use crate::config::{
@@ -107,14 +107,7 @@ pub struct RunArgs {
     pub dispatch: DispatchArgs,
 }
 
-/// What `migrate` takes.
-#[derive(Debug, Clone, clap::Args)]
-pub struct MigrateArgs {
-    #[command(flatten)]
-    pub database: DatabaseArgs,
-    #[command(flatten)]
-    pub telemetry: TelemetryArgs,
-}
+pub use outbox_runtime::db::MigrateArgs;
 
 /// Subcommands.
 // Parsed once at start-up: the size of the largest variant does not matter.
@@ -244,7 +237,9 @@ pub struct PubsubArgs {
     /// (strict ordering holds only within one region). Default: the global endpoint.
     #[arg(long, env = "OUTBOX_PUBSUB_ENDPOINT")]
     pub pubsub_endpoint: Option<String>,
-    /// Project for short topic names given to --topic (full names need none).
+    /// Project for short topic names given to --topic and --ordering-skip-dead-letters. Optional:
+    /// rows always carry full names (projects/P/topics/T), and full names need no project; a
+    /// short name without it is refused at start-up (exit 2).
     #[arg(long, env = "PUBSUB_PROJECT_ID", default_value = "")]
     pub pubsub_project: String,
     /// Upper bound on one batch publish, client retries included. Keep it well below
@@ -265,16 +260,22 @@ impl TryFrom<&RunArgs> for DispatcherConfig {
     fn try_from(cli: &RunArgs) -> Result<Self, String> {
         let a = &cli.dispatch;
         let p = &cli.pubsub;
-        let full = |topics: &[String]| {
+        let full = |flag: &str, topics: &[String]| {
             topics
                 .iter()
-                .map(|t| full_topic_name(&p.pubsub_project, t))
-                .collect::<Vec<_>>()
+                .map(|t| {
+                    resolve_topic(&p.pubsub_project, t).map_err(|e| format!("{flag}: topic {e}"))
+                })
+                .collect::<Result<Vec<_>, String>>()
         };
         let config = DispatcherConfig {
             batch: BatchSettings {
                 batch_size: a.batch_size,
-                topics: (!a.topics.is_empty()).then(|| full(&a.topics)),
+                topics: if a.topics.is_empty() {
+                    None
+                } else {
+                    Some(full("--topic", &a.topics)?)
+                },
                 retain_published: !a.retention.is_zero(),
                 dedupe_attribute: p.dedupe_attribute.clone(),
                 schedule: RetrySchedule {
@@ -284,7 +285,10 @@ impl TryFrom<&RunArgs> for DispatcherConfig {
                     max_attempts: a.max_attempts,
                 },
                 key_scan_limit: a.key_scan_limit,
-                skip_dead_letter_topics: full(&a.skip_dead_letter_topics),
+                skip_dead_letter_topics: full(
+                    "--ordering-skip-dead-letters",
+                    &a.skip_dead_letter_topics,
+                )?,
             },
             pubsub: PubsubConfig {
                 emulator_host: p.pubsub_emulator_host.clone(),

@@ -18,6 +18,12 @@ pub enum DispatcherError {
         /// Why.
         reason: String,
     },
+    /// The Pub/Sub client refused the start-up probe before sending it.
+    #[error(
+        "{0}. This is a configuration error, not an outage: check the topic names (--topic, the \
+         rows' topic column: projects/<project>/topics/<topic>) and the Pub/Sub settings"
+    )]
+    PubsubRefused(String),
     /// PostgreSQL could not be reached.
     #[error(transparent)]
     Connect(#[from] outbox_runtime::db::ConnectError),
@@ -43,4 +49,21 @@ pub enum DispatcherError {
     /// A setting is out of range.
     #[error("invalid configuration: {0}")]
     Config(String),
+}
+
+impl outbox_runtime::exit::Failure for DispatcherError {
+    /// Configuration: settings, the Pub/Sub client or its requests, the listen address, and the
+    /// database errors retrying cannot fix. Run-time: an unreachable database, a store error, a
+    /// shutdown that ran out of time.
+    fn is_configuration(&self) -> bool {
+        match self {
+            Self::Config(_)
+            | Self::PubsubClient { .. }
+            | Self::PubsubRefused(_)
+            | Self::Listen { .. } => true,
+            Self::Connect(e) => e.is_configuration(),
+            Self::Store(e) => e.is_configuration(),
+            Self::GraceExceeded(_) => false,
+        }
+    }
 }

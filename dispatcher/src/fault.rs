@@ -14,7 +14,7 @@ use outbox_shared::ClaimedMessage;
 
 use crate::classify::{FailureKind, PublishFailure, classify_code};
 use crate::config::FaultSettings;
-use crate::publisher::{BatchResult, Publish};
+use crate::publisher::{BatchResult, ProbeError, Publish};
 
 /// A targeted fault: fail with `code`, `times` times (None: forever).
 #[derive(Debug, Clone, Copy)]
@@ -193,7 +193,7 @@ impl<P: Publish> Publish for FaultInjector<P> {
         }
     }
 
-    async fn probe(&self, topic: &str) -> Result<(), String> {
+    async fn probe(&self, topic: &str) -> Result<(), ProbeError> {
         self.inner.probe(topic).await
     }
 

@@ -1,15 +1,14 @@
 //! The dispatcher binary: parse and validate configuration, start telemetry, hand over to the
-//! library, map the result to an exit code (0 ok, 1 failed, 2 bad configuration, 3 nothing
-//! matched (operator commands), 130 stopped by a second signal).
+//! library, map the result to an exit code (`outbox_runtime::exit`: 0 ok, 1 failed at run time, 2
+//! configuration or usage, 3 nothing matched (operator commands), 130 stopped by a second signal).
 
 use std::process::ExitCode;
 
-use anyhow::Context;
 use outbox_dispatcher::cli::RunArgs;
 use outbox_dispatcher::fault::FaultInjector;
 use outbox_dispatcher::publisher::PubsubPublisher;
-use outbox_dispatcher::{Cli, Command, Dispatcher, DispatcherConfig};
-use outbox_runtime::operator::{Exit, describe};
+use outbox_dispatcher::{Cli, Command, Dispatcher, DispatcherConfig, DispatcherError};
+use outbox_runtime::exit::fail;
 use outbox_runtime::shutdown::{Shutdown, on_signals};
 
 #[tokio::main]
@@ -18,14 +17,19 @@ async fn main() -> ExitCode {
     outbox_runtime::telemetry::init(cli.telemetry());
     let args = match &cli.command {
         Command::Ops(op) => return op.run().await.into(),
-        Command::Migrate(m) => return migrate(&m.database).await.into(),
+        Command::Migrate(m) => return outbox_runtime::db::migrate_command(m).await.into(),
         Command::Run(args) => args,
     };
+    let format = args.telemetry.log_format;
     let config = match DispatcherConfig::try_from(args) {
         Ok(config) => config,
         Err(e) => {
-            eprintln!("error: invalid configuration: {e}");
-            return Exit::Usage.into();
+            return fail(
+                format,
+                "The dispatcher cannot start",
+                &DispatcherError::Config(e),
+            )
+            .into();
         }
     };
     let signals = on_signals();
@@ -38,43 +42,20 @@ async fn main() -> ExitCode {
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            let text = describe(e.as_ref());
-            tracing::error!(error = %text, "The dispatcher failed.");
-            eprintln!("error: {text}");
-            ExitCode::FAILURE
-        }
+        Err(e) => fail(format, "The dispatcher failed", &e).into(),
     }
 }
 
-async fn migrate(database: &outbox_runtime::db::DatabaseArgs) -> Exit {
-    let applied = async {
-        let pool = outbox_runtime::db::connect(database, "pubsub-outbox-migrate").await?;
-        outbox_shared::migrate(&pool).await?;
-        pool.close().await;
-        anyhow::Ok(())
-    };
-    match applied.await {
-        Ok(()) => {
-            tracing::info!("Migrations applied.");
-            Exit::Ok
-        }
-        Err(e) => {
-            eprintln!("error: {}", describe(e.as_ref()));
-            Exit::Failed
-        }
-    }
-}
-
-async fn run(args: &RunArgs, config: DispatcherConfig, shutdown: Shutdown) -> anyhow::Result<()> {
+async fn run(
+    args: &RunArgs,
+    config: DispatcherConfig,
+    shutdown: Shutdown,
+) -> Result<(), DispatcherError> {
     let pool = outbox_dispatcher::connect_database(&args.database, &config).await?;
     let publisher = PubsubPublisher::connect(&config.pubsub).await?;
     let publisher = FaultInjector::with_settings(publisher, &config.faults);
     let dispatcher = Dispatcher::build(config, pool, publisher).await?;
-    dispatcher
-        .run_until_stopped(shutdown)
-        .await
-        .context("running the dispatcher")
+    dispatcher.run_until_stopped(shutdown).await
 }
 
 async fn stopped(mut abort: Shutdown) {

@@ -20,7 +20,7 @@ use google_cloud_pubsub::model::Message;
 use google_cloud_pubsub::retry_policy::RetryableErrors;
 use outbox_shared::ClaimedMessage;
 
-use crate::classify::{PublishFailure, classify};
+use crate::classify::{self, PublishFailure, classify};
 use crate::config::PubsubConfig;
 use crate::error::DispatcherError;
 
@@ -38,9 +38,28 @@ pub trait Publish: Send + Sync + 'static {
         message: &ClaimedMessage,
     ) -> impl Future<Output = Result<String, PublishFailure>> + Send;
     /// Whether the broker answers at all (used to tell an outage from a bad message).
-    fn probe(&self, topic: &str) -> impl Future<Output = Result<(), String>> + Send;
+    fn probe(&self, topic: &str) -> impl Future<Output = Result<(), ProbeError>> + Send;
     /// Lets the client publish again on an ordering key it paused after a failure.
     fn resume(&self, topic: &str, ordering_key: &str);
+}
+
+/// Why a probe did not confirm that Pub/Sub answers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProbeError {
+    /// No answer (refused connection, timeout, transport failure): an outage, claiming pauses.
+    #[error("{0}")]
+    Unreachable(String),
+    /// The client refused the request before sending anything (a resource name that does not
+    /// match its template, a request it cannot encode): a configuration error, never an outage.
+    #[error("the Pub/Sub client refused the request before sending it: {0}")]
+    Refused(String),
+}
+
+impl ProbeError {
+    /// Whether this means Pub/Sub is unreachable (rather than the request being wrong).
+    pub fn is_outage(&self) -> bool {
+        matches!(self, Self::Unreachable(_))
+    }
 }
 
 /// Distinct ordering keys a keyed publisher serves before it is replaced. The client keeps state
@@ -308,17 +327,23 @@ impl Publish for PubsubPublisher {
         }
     }
 
-    async fn probe(&self, topic: &str) -> Result<(), String> {
+    async fn probe(&self, topic: &str) -> Result<(), ProbeError> {
         let call = self.admin.get_topic().set_topic(topic).send();
         match tokio::time::timeout(PROBE_DEADLINE, call).await {
             Ok(Ok(_)) => Ok(()),
             // The broker answered; the topic (or our access to it) is the problem, not an outage.
             Ok(Err(e)) if e.status().is_some() || e.http_status_code().is_some() => Ok(()),
-            Ok(Err(e)) => Err(format!("Pub/Sub at {} does not answer: {e}", self.endpoint)),
-            Err(_) => Err(format!(
+            Ok(Err(e)) if classify::refused_before_sending(&e) => {
+                Err(ProbeError::Refused(format!("topic {topic:?}: {e}")))
+            }
+            Ok(Err(e)) => Err(ProbeError::Unreachable(format!(
+                "Pub/Sub at {} does not answer: {e}",
+                self.endpoint
+            ))),
+            Err(_) => Err(ProbeError::Unreachable(format!(
                 "Pub/Sub at {} gave no answer within {PROBE_DEADLINE:?}",
                 self.endpoint
-            )),
+            ))),
         }
     }
 

@@ -171,16 +171,12 @@ impl<P: Publish> Dispatcher<P> {
             ));
         }
         // A replica started during an outage must not report ready: probe before the first claim.
-        let probe_topic = config
-            .batch
-            .topics
-            .as_ref()
-            .and_then(|t| t.first().cloned())
-            .unwrap_or_else(|| {
-                outbox_shared::full_topic_name(&config.pubsub.project, "outbox-probe")
-            });
-        if let Err(e) = dispatch.publisher.probe(&probe_topic).await {
-            dispatch.breaker.open_at_start(&probe_topic, &e);
+        if let Some(topic) = probe_topic(&dispatch, &config).await {
+            match dispatch.publisher.probe(&topic).await {
+                Ok(()) => {}
+                Err(e) if e.is_outage() => dispatch.breaker.open_at_start(&topic, &e.to_string()),
+                Err(e) => return Err(DispatcherError::PubsubRefused(e.to_string())),
+            }
         }
         let mut workers = JoinSet::new();
         for n in 0..config.workers {
@@ -210,6 +206,26 @@ impl<P: Publish> Dispatcher<P> {
                 Ok(())
             }
             Err(_) => Err(DispatcherError::GraceExceeded(config.grace_period)),
+        }
+    }
+}
+
+/// The topic the start-up probe asks about: one this replica is about to publish to, never a
+/// made-up name (the first `--topic`, else a topic with pending rows). `None` when there is
+/// nothing to publish yet: the first publish then tells.
+async fn probe_topic<P: Publish>(
+    dispatch: &Dispatch<P>,
+    config: &DispatcherConfig,
+) -> Option<String> {
+    if let Some(first) = config.batch.topics.as_ref().and_then(|t| t.first()) {
+        return Some(first.clone());
+    }
+    let mut conn = dispatch.pool.acquire().await.ok()?;
+    match outbox_shared::store::outbox::pending_topic(&mut conn, None).await {
+        Ok(topic) => topic,
+        Err(e) => {
+            tracing::warn!(error = %e, "Could not read a pending topic for the start-up probe; the first publish will tell whether Pub/Sub answers.");
+            None
         }
     }
 }

@@ -143,14 +143,7 @@ pub struct RunArgs {
     pub bigquery: BigQueryArgs,
 }
 
-/// What `migrate` takes.
-#[derive(Debug, Clone, clap::Args)]
-pub struct MigrateArgs {
-    #[command(flatten)]
-    pub database: DatabaseArgs,
-    #[command(flatten)]
-    pub telemetry: TelemetryArgs,
-}
+pub use outbox_runtime::db::MigrateArgs;
 
 /// What to run and how.
 #[derive(Debug, Clone, clap::Args)]

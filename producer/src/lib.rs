@@ -40,10 +40,9 @@ pub mod run;
 pub mod settings;
 pub mod value;
 
-use outbox_runtime::operator::Exit;
 use outbox_runtime::shutdown::Shutdown;
 
-pub use cli::{Cli, Command, MigrateArgs, RunArgs};
+pub use cli::{Cli, Command, RunArgs};
 pub use config::{LoadOptions, StreamsConfig};
 pub use errors::{ConfigError, ErrorKind, StreamError};
 pub use job::{run_job, select_streams};
@@ -71,26 +70,16 @@ pub enum StartupError {
     BigQuery(#[from] bigquery::ApiError),
 }
 
-impl StartupError {
-    /// 2 for a configuration error (an invalid streams file or flag, a DATABASE_URL that is
-    /// malformed or names a database or role the server refuses, a BigQuery
-    /// client that cannot be built from the flags: retrying cannot help), 1 otherwise.
-    pub fn exit(&self) -> Exit {
+impl outbox_runtime::exit::Failure for StartupError {
+    /// Configuration: an invalid streams file or flag, a DATABASE_URL that is malformed or names a
+    /// database or role the server refuses, a schema set up wrong for this role, a BigQuery
+    /// client that cannot be built from the flags (retrying cannot help).
+    fn is_configuration(&self) -> bool {
         match self {
-            Self::Config(_) => Exit::Usage,
-            Self::Connect(e) if e.is_configuration() => Exit::Usage,
-            Self::BigQuery(e) if e.kind != bigquery::ApiErrorKind::Transient => Exit::Usage,
-            _ => Exit::Failed,
-        }
-    }
-
-    /// [`StartupError::exit`] as a number.
-    pub fn exit_code(&self) -> u8 {
-        match self.exit() {
-            Exit::Ok => 0,
-            Exit::Failed => 1,
-            Exit::Usage => 2,
-            Exit::NothingMatched => 3,
+            Self::Config(_) => true,
+            Self::Connect(e) => e.is_configuration(),
+            Self::Database(e) => e.is_configuration(),
+            Self::BigQuery(e) => e.kind != bigquery::ApiErrorKind::Transient,
         }
     }
 }
@@ -128,12 +117,4 @@ pub async fn execute(args: &RunArgs, shutdown: &Shutdown) -> Result<JobReport, S
     let report = run_job(&pool, &bq, &streams, &settings, shutdown).await;
     pool.close().await;
     Ok(report)
-}
-
-/// `producer migrate`.
-pub async fn migrate(args: &MigrateArgs) -> Result<(), StartupError> {
-    let pool = outbox_runtime::db::connect(&args.database, "pubsub-outbox-migrate").await?;
-    outbox_shared::db::migrate(&pool).await?;
-    pool.close().await;
-    Ok(())
 }

@@ -1,25 +1,19 @@
 //! The producer binary: parse configuration, start telemetry, hand over to the library, map the
-//! result to an exit code (0 ok, 1 failed, 2 bad usage or configuration, 3 nothing matched, 130
-//! stopped by a second signal).
+//! result to an exit code (`outbox_runtime::exit`: 0 ok, 1 failed at run time, 2 configuration or
+//! usage, 3 nothing matched, 130 stopped by a second signal).
 
 use std::process::ExitCode;
 
-use outbox_producer::{Cli, Command, RunArgs, StartupError};
-use outbox_runtime::operator::describe;
-use outbox_runtime::telemetry::{LogFormat, TelemetryArgs};
+use outbox_producer::{Cli, Command, RunArgs};
+use outbox_runtime::exit::fail;
+use outbox_runtime::telemetry::LogFormat;
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse_args();
     outbox_runtime::telemetry::init(cli.telemetry());
     match &cli.command {
-        Command::Migrate(args) => match outbox_producer::migrate(args).await {
-            Ok(()) => {
-                tracing::info!("Migrations applied.");
-                ExitCode::SUCCESS
-            }
-            Err(e) => fail(&args.telemetry, &e),
-        },
+        Command::Migrate(args) => outbox_runtime::db::migrate_command(args).await.into(),
         Command::Ops(op) => op.run().await.into(),
         Command::Run(args) => run(args).await,
     }
@@ -43,20 +37,11 @@ async fn run(args: &RunArgs) -> ExitCode {
             }
             ExitCode::from(report.exit_code())
         }
-        Err(e) => fail(&args.telemetry, &e),
+        Err(e) => fail(
+            args.telemetry.log_format,
+            "The producer could not start; fix the error and rerun",
+            &e,
+        )
+        .into(),
     }
-}
-
-/// Reports a start-up failure once, each cause once: a JSON log line for Cloud Logging, plain
-/// text for people.
-fn fail(telemetry: &TelemetryArgs, e: &StartupError) -> ExitCode {
-    let message = describe(e);
-    match telemetry.log_format {
-        LogFormat::Json => tracing::error!(
-            error = message,
-            "The producer could not start; fix the error and rerun."
-        ),
-        LogFormat::Text => eprintln!("error: {message}"),
-    }
-    e.exit().into()
 }

@@ -1,19 +1,268 @@
-//! The schema: the embedded migrations and how to apply them.
+//! The schema: the embedded migrations and how to apply them, with bookkeeping of the outbox's own.
 //!
-//! Connecting with retries, pool sizing and session settings belong to the service runtime
-//! (`outbox_runtime::db`); an application that already has a pool only needs [`migrate`] (or its
-//! own migration tool pointed at `migrations/`).
+//! **Why not sqlx's migrator as it is.** A transactional outbox lives in the application's own
+//! database, and most Rust applications there run sqlx migrations too. sqlx records every version
+//! in one table, `_sqlx_migrations`, and each migrator refuses versions it does not know
+//! ("previously applied but is missing in the resolved migrations"): the outbox and the
+//! application could never both migrate one database. So the outbox records its versions in
+//! `pubsub_outbox_migrations` (the inbox does the same with `pubsub_inbox_schema`), and never
+//! reads or writes `_sqlx_migrations` except to take back its own rows from an install made
+//! before this table existed ([`migrate`]). A table rather than a schema of its own: on Cloud SQL
+//! the migrating role has `CREATE` on schema `public` only (deploy/sql/bootstrap.sql), and a table
+//! needs nothing more. sqlx 0.9 can rename its table, but would bring a major upgrade of the
+//! driver under every store function for what forty lines do here.
+//!
+//! **How it applies.** One transaction for the whole run, serialised across processes by a
+//! transaction-scoped advisory lock (safe behind a transaction-mode pooler): a migration that
+//! fails (a missing role, a missing privilege) leaves the database exactly as it was. Each
+//! applied version is recorded with the SHA-384 checksum of its text (the checksum sqlx computes,
+//! so rows taken over from `_sqlx_migrations` compare as they are); an applied migration whose
+//! text changed, or a version this release does not know (a newer release migrated), stops the
+//! run with what to do. Connecting, pool sizing and session settings belong to the service runtime
+//! (`outbox_runtime::db`): an application that already has a pool only needs [`migrate`].
 
-use sqlx::PgPool;
+use std::collections::HashMap;
+use std::time::Instant;
 
-use crate::error::Result;
+use sqlx::{Connection, PgConnection, PgPool};
+
+use crate::error::{DbContext, Error, Result};
 
 /// The schema, embedded at build time from `migrations/`.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
-/// Applies every pending migration (idempotent: applied ones are skipped).
+/// The outbox's bookkeeping table.
+pub const MIGRATIONS_TABLE: &str = "pubsub_outbox_migrations";
+
+/// Earlier texts of migrations that were revised after a release applied them, as
+/// `(version, SHA-384 of the earlier text in hex)`: an install that applied the earlier text is
+/// up to date. 20261201000001 and 20261201000015 created their roles when missing, which needs
+/// CREATEROLE; they now stop and point to deploy/sql/bootstrap.sql instead, and the grants are
+/// the same.
+const REVISED: &[(i64, &str)] = &[
+    (
+        20261201000001,
+        "a69c7e5265f2483cad200775694e8ffcfcb697160d6b49cafbfa51386a48385cf4de3ee5a035cdf40996712a8162b0e6",
+    ),
+    (
+        20261201000015,
+        "f5013e7f6da26e5796a70be5c5c954fcd7f289cf8808355781dab28d0c78c1e31198644323d69ba0d68fe3f49d7827e7",
+    ),
+];
+
+/// What a [`migrate`] run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Migrated {
+    /// The versions applied by this run, in order.
+    pub applied: Vec<i64>,
+    /// Versions an earlier release recorded in `_sqlx_migrations`, now recorded in
+    /// [`MIGRATIONS_TABLE`] (and removed from `_sqlx_migrations`) without running again.
+    pub adopted: Vec<i64>,
+    /// Versions that were already applied.
+    pub up_to_date: usize,
+}
+
+/// Applies every pending migration (idempotent: applied ones are skipped), in one transaction.
+pub async fn migrate(pool: &PgPool) -> Result<Migrated> {
+    let mut conn = pool.acquire().await.context("connecting to migrate")?;
+    migrate_on(&mut conn).await
+}
+
+/// [`migrate`] on a connection the caller holds.
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
-pub async fn migrate(pool: &PgPool) -> Result<()> {
-    MIGRATOR.run(pool).await?;
-    Ok(())
+pub async fn migrate_on(conn: &mut PgConnection) -> Result<Migrated> {
+    let mut tx = conn
+        .begin()
+        .await
+        .context("starting the migration transaction")?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('pubsub_outbox:migrations', 0))")
+        .execute(&mut *tx)
+        .await
+        .context("taking the migration lock")?;
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(MIGRATIONS_TABLE)
+        .fetch_one(&mut *tx)
+        .await
+        .context("looking for pubsub_outbox_migrations")?;
+    if !exists {
+        // Created only when missing: `CREATE TABLE IF NOT EXISTS` would need CREATE on the schema
+        // even when the table is there.
+        sqlx::raw_sql(
+            "CREATE TABLE pubsub_outbox_migrations (
+                 version      BIGINT      PRIMARY KEY,
+                 description  TEXT        NOT NULL,
+                 checksum     BYTEA       NOT NULL,
+                 applied_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
+                 applied_by   TEXT        NOT NULL DEFAULT session_user,
+                 execution_ms BIGINT      NOT NULL DEFAULT 0,
+                 -- Where the record came from when it was not applied by this table's migrator.
+                 adopted_from TEXT
+             )",
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(|source| Error::migration(0, "create pubsub_outbox_migrations", source))?;
+    }
+    let adopted = adopt_from_sqlx(&mut tx).await?;
+    let applied: HashMap<i64, Vec<u8>> =
+        sqlx::query_as("SELECT version, checksum FROM pubsub_outbox_migrations")
+            .fetch_all(&mut *tx)
+            .await
+            .context("reading pubsub_outbox_migrations")?
+            .into_iter()
+            .collect();
+    let ours = || {
+        MIGRATOR
+            .iter()
+            .filter(|m| m.migration_type.is_up_migration())
+    };
+    if let Some(unknown) = applied
+        .keys()
+        .copied()
+        .filter(|v| !ours().any(|m| m.version == *v))
+        .max()
+    {
+        return Err(Error::MigrationUnknown { version: unknown });
+    }
+    let mut report = Migrated {
+        adopted,
+        ..Migrated::default()
+    };
+    for m in ours() {
+        if let Some(checksum) = applied.get(&m.version) {
+            if !matches_release(m.version, &m.checksum, checksum) {
+                return Err(Error::MigrationModified {
+                    version: m.version,
+                    description: m.description.to_string(),
+                });
+            }
+            report.up_to_date += 1;
+            continue;
+        }
+        let started = Instant::now();
+        sqlx::raw_sql(&m.sql)
+            .execute(&mut *tx)
+            .await
+            .map_err(|source| Error::migration(m.version, &m.description, source))?;
+        sqlx::query(
+            "INSERT INTO pubsub_outbox_migrations (version, description, checksum, execution_ms)
+             VALUES ($1, $2, $3, $4)",
+        )
+        .bind(m.version)
+        .bind(&*m.description)
+        .bind(&*m.checksum)
+        .bind(i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX))
+        .execute(&mut *tx)
+        .await
+        .context("recording a migration in pubsub_outbox_migrations")?;
+        report.applied.push(m.version);
+    }
+    tx.commit().await.context("committing the migrations")?;
+    Ok(report)
+}
+
+/// Whether `recorded` is the checksum of this release's text of a migration, or of an earlier
+/// text listed in [`REVISED`].
+fn matches_release(version: i64, current: &[u8], recorded: &[u8]) -> bool {
+    recorded == current
+        || REVISED
+            .iter()
+            .any(|(v, hex)| *v == version && hex_eq(hex, recorded))
+}
+
+fn hex_eq(hex: &str, bytes: &[u8]) -> bool {
+    hex.len() == bytes.len() * 2
+        && bytes
+            .iter()
+            .zip(hex.as_bytes().chunks(2))
+            .all(|(b, pair)| format!("{b:02x}").as_bytes() == pair)
+}
+
+/// Takes the outbox's own rows out of `_sqlx_migrations`, where releases before
+/// [`MIGRATIONS_TABLE`] recorded them: recorded here as they were (their checksums checked, not
+/// run again), then deleted there, so the application's sqlx migrator no longer finds versions it
+/// does not know. A row is ours when its version and description are those of one of our
+/// migrations; any other row belongs to the application and is left alone.
+async fn adopt_from_sqlx(tx: &mut PgConnection) -> Result<Vec<i64>> {
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+        .fetch_one(&mut *tx)
+        .await
+        .context("looking for _sqlx_migrations")?;
+    if !exists {
+        return Ok(Vec::new());
+    }
+    let rows: Vec<(i64, String, Vec<u8>, bool)> = sqlx::query_as(
+        "SELECT version, description, checksum, success FROM _sqlx_migrations ORDER BY version",
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .context("reading _sqlx_migrations (the migrating role must be able to read it)")?;
+    let mut adopted = Vec::new();
+    for (version, description, checksum, success) in rows {
+        let Some(m) = MIGRATOR
+            .iter()
+            .find(|m| m.version == version && m.description == description)
+        else {
+            continue;
+        };
+        if !success {
+            return Err(Error::MigrationIncomplete {
+                version,
+                description,
+            });
+        }
+        if !matches_release(version, &m.checksum, &checksum) {
+            return Err(Error::MigrationModified {
+                version,
+                description,
+            });
+        }
+        sqlx::query(
+            "INSERT INTO pubsub_outbox_migrations (version, description, checksum, applied_at, adopted_from)
+             SELECT version, description, checksum, installed_on, '_sqlx_migrations'
+             FROM _sqlx_migrations WHERE version = $1
+             ON CONFLICT (version) DO NOTHING",
+        )
+        .bind(version)
+        .execute(&mut *tx)
+        .await
+        .context("recording a migration taken over from _sqlx_migrations")?;
+        sqlx::query("DELETE FROM _sqlx_migrations WHERE version = $1")
+            .bind(version)
+            .execute(&mut *tx)
+            .await
+            .context(
+                "removing the outbox's row from _sqlx_migrations (the migrating role must own it)",
+            )?;
+        adopted.push(version);
+    }
+    Ok(adopted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_migration_runs_inside_the_one_transaction() {
+        assert!(MIGRATOR.iter().all(|m| !m.no_tx));
+        assert!(MIGRATOR.iter().all(|m| m.migration_type.is_up_migration()));
+    }
+
+    #[test]
+    fn revised_migrations_accept_their_earlier_text_only() {
+        let (version, hex) = REVISED[0];
+        let m = MIGRATOR
+            .iter()
+            .find(|m| m.version == version)
+            .expect("a revised version is a migration of this release");
+        let earlier: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+            .collect();
+        assert!(matches_release(version, &m.checksum, &m.checksum));
+        assert!(matches_release(version, &m.checksum, &earlier));
+        assert!(!matches_release(version + 1, &m.checksum, &earlier));
+        assert!(!matches_release(version, &m.checksum, &[0u8; 48]));
+    }
 }

@@ -4,9 +4,47 @@
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// Applying the schema migrations failed.
-    #[error("applying database migrations failed: {0}. Check the database user may create tables")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A migration failed; nothing of this run was applied (one transaction).
+    #[error("migration {version} ({description}) failed, nothing was changed: {source}{hint}")]
+    Migration {
+        /// The migration's version (0: the bookkeeping table itself).
+        version: i64,
+        /// Its description.
+        description: String,
+        /// What to do, for the failures we know (empty otherwise).
+        hint: &'static str,
+        /// The server's error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// An applied migration's text differs from this release's.
+    #[error(
+        "migration {version} ({description}) was applied with other contents than this release          ships: the migrations were edited after they were applied. Restore the released          migrations (never edit an applied one; add a new migration instead)"
+    )]
+    MigrationModified {
+        /// The version.
+        version: i64,
+        /// Its description.
+        description: String,
+    },
+    /// The database has a migration this release does not know.
+    #[error(
+        "the database has outbox migration {version}, which this release does not ship: a newer          release migrated it. Run that release's migrate, or upgrade this binary"
+    )]
+    MigrationUnknown {
+        /// The newest unknown version.
+        version: i64,
+    },
+    /// `_sqlx_migrations` records an outbox migration of an earlier release as failed.
+    #[error(
+        "an earlier release recorded outbox migration {version} ({description}) as failed in          _sqlx_migrations: repair the schema by hand (compare with migrations/), then delete that          row and migrate again"
+    )]
+    MigrationIncomplete {
+        /// The version.
+        version: i64,
+        /// Its description.
+        description: String,
+    },
     /// A statement failed.
     #[error("database error while {context}: {source}")]
     Database {
@@ -19,6 +57,42 @@ pub enum Error {
 }
 
 impl Error {
+    /// A failed migration, with the fix for the causes a first install meets.
+    pub(crate) fn migration(version: i64, description: &str, source: sqlx::Error) -> Self {
+        let hint = match sqlstate(&source).as_deref() {
+            // insufficient_privilege
+            Some("42501") => {
+                ". The migrating role lacks a privilege: run deploy/sql/bootstrap.sql as an \
+                 administrator (it grants CREATE on schema public to the migrator), and migrate \
+                 as the role it names as migrator (which then owns the outbox's tables)"
+            }
+            _ => "",
+        };
+        Self::Migration {
+            version,
+            description: description.to_owned(),
+            hint,
+            source,
+        }
+    }
+
+    /// Whether retrying cannot help because the database is set up wrong for this role (a
+    /// missing role or privilege, migrations edited or from a newer release): the binaries exit 2.
+    pub fn is_configuration(&self) -> bool {
+        match self {
+            // insufficient_privilege; undefined_object (a role bootstrap.sql creates is missing)
+            Self::Migration { source, .. } => {
+                matches!(sqlstate(source).as_deref(), Some("42501" | "42704"))
+            }
+            Self::MigrationModified { .. }
+            | Self::MigrationUnknown { .. }
+            | Self::MigrationIncomplete { .. } => true,
+            Self::Database { source, .. } => {
+                matches!(sqlstate(source).as_deref(), Some("42501"))
+            }
+        }
+    }
+
     /// A failed `BEGIN`, for applications that open their own transaction around an enqueue.
     pub fn begin(source: sqlx::Error) -> Self {
         Self::Database {
@@ -34,6 +108,13 @@ impl Error {
             source,
         }
     }
+}
+
+/// The SQLSTATE of a server error.
+fn sqlstate(e: &sqlx::Error) -> Option<String> {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .map(|c| c.into_owned())
 }
 
 /// Result alias for the shared library.

@@ -24,7 +24,7 @@
 //! - [`retry`]: the durable retry schedule, a pure function of attempts and `now`.
 //! - [`store`]: ALL SQL, one module per table. Functions take a connection or a transaction so
 //!   callers compose transactions.
-//! - [`db`]: the embedded migrations ([`MIGRATOR`], [`migrate`]).
+//! - [`db`]: the embedded migrations and their own bookkeeping table ([`MIGRATOR`], [`migrate`]).
 //! - [`error`]: the typed errors of this crate.
 
 pub mod db;
@@ -34,10 +34,10 @@ pub mod message;
 pub mod retry;
 pub mod store;
 
-pub use db::{MIGRATOR, migrate};
+pub use db::{MIGRATOR, Migrated, migrate};
 pub use error::{Error, Result};
 pub use limits::{LimitViolation, check_publishable};
-pub use message::{Attributes, ClaimedMessage, NewMessage, full_topic_name};
+pub use message::{Attributes, ClaimedMessage, NewMessage, TopicNameError, resolve_topic};
 pub use retry::{RetryDecision, RetrySchedule};
 pub use store::notify::{DEFAULT_CHANNEL as DEFAULT_NOTIFY_CHANNEL, notify};
 pub use store::outbox::enqueue_batch;

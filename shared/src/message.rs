@@ -72,25 +72,98 @@ pub struct ClaimedMessage {
     pub created_at: DateTime<Utc>,
 }
 
-/// Returns the full topic name for `topic` in `project`, accepting an already full name.
-pub fn full_topic_name(project: &str, topic: &str) -> String {
-    if topic.starts_with("projects/") {
+/// Why a topic name cannot be published to.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TopicNameError {
+    /// Empty, or with white space.
+    #[error("{0:?} is not a topic name: use a short name or projects/<project>/topics/<topic>")]
+    Invalid(String),
+    /// Starts like a full name but is not `projects/<project>/topics/<topic>`.
+    #[error("{0:?} is not projects/<project>/topics/<topic>")]
+    Malformed(String),
+    /// A short name, and no project to complete it.
+    #[error(
+        "{0:?} is a short topic name and no project is set: set --pubsub-project \
+         (PUBSUB_PROJECT_ID) or use the full name projects/<project>/topics/{0}"
+    )]
+    NoProject(String),
+}
+
+/// The full topic name for `topic`: a full name as it is, a short one in `project`. Checked
+/// against the template the Pub/Sub client and the outbox's CHECK constraint enforce
+/// (`projects/<project>/topics/<topic>`), so a name the client would refuse before sending is
+/// refused here, with the fix.
+pub fn resolve_topic(project: &str, topic: &str) -> Result<String, TopicNameError> {
+    if topic.is_empty() || topic.contains(char::is_whitespace) {
+        return Err(TopicNameError::Invalid(topic.to_owned()));
+    }
+    let full = if topic.starts_with("projects/") {
         topic.to_owned()
+    } else if topic.contains('/') {
+        return Err(TopicNameError::Invalid(topic.to_owned()));
+    } else if project.is_empty() {
+        return Err(TopicNameError::NoProject(topic.to_owned()));
     } else {
         format!("projects/{project}/topics/{topic}")
+    };
+    let parts: Vec<&str> = full.split('/').collect();
+    let valid =
+        parts.len() == 4 && parts[2] == "topics" && !parts[1].is_empty() && !parts[3].is_empty();
+    if valid {
+        Ok(full)
+    } else {
+        Err(TopicNameError::Malformed(full))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::full_topic_name;
+    use super::{TopicNameError, resolve_topic};
 
     #[test]
     fn short_topic_names_get_the_project_prefix() {
-        assert_eq!(full_topic_name("p", "t"), "projects/p/topics/t");
         assert_eq!(
-            full_topic_name("p", "projects/q/topics/t"),
-            "projects/q/topics/t"
+            resolve_topic("p", "t").as_deref(),
+            Ok("projects/p/topics/t")
         );
+        assert_eq!(
+            resolve_topic("", "projects/q/topics/t").as_deref(),
+            Ok("projects/q/topics/t")
+        );
+    }
+
+    #[test]
+    fn names_the_client_would_refuse_are_refused_with_the_fix() {
+        assert_eq!(
+            resolve_topic("", "orders"),
+            Err(TopicNameError::NoProject("orders".into()))
+        );
+        let no_project = resolve_topic("", "orders")
+            .expect_err("no project")
+            .to_string();
+        assert!(
+            no_project.contains("PUBSUB_PROJECT_ID")
+                && no_project.contains("projects/<project>/topics/orders")
+        );
+        for bad in [
+            "projects//topics/t",
+            "projects/p/topics/",
+            "projects/p/subscriptions/t",
+            "projects/p/topics/t/x",
+        ] {
+            assert_eq!(
+                resolve_topic("p", bad),
+                Err(TopicNameError::Malformed(bad.into())),
+                "{bad}"
+            );
+        }
+        for bad in ["", "a b", "a/b"] {
+            assert_eq!(
+                resolve_topic("p", bad),
+                Err(TopicNameError::Invalid(bad.into())),
+                "{bad:?}"
+            );
+        }
     }
 }

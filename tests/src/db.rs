@@ -7,6 +7,9 @@ use sqlx::{ConnectOptions, Connection, PgConnection};
 
 use crate::env;
 
+/// The outbox's group roles (deploy/sql/roles.sql, which deploy/sql/bootstrap.sql includes).
+pub const BOOTSTRAP_ROLES: &str = include_str!("../../deploy/sql/roles.sql");
+
 /// A scratch database created from an admin URL (`DATABASE_URL` for tests), migrated, and
 /// dropped on drop. Tests, benchmarks and chaos runs all work in one.
 #[derive(Debug)]
@@ -53,6 +56,9 @@ impl TestDb {
         let admin = PgConnectOptions::from_str(admin_url)?.disable_statement_logging();
         let name = env::unique_name(prefix).to_lowercase();
         let mut conn = PgConnection::connect_with(&admin).await?;
+        // The group roles, as an administrator creates them before the first migration (the
+        // migrations never create roles). Cluster-wide and idempotent.
+        sqlx::raw_sql(BOOTSTRAP_ROLES).execute(&mut conn).await?;
         sqlx::query(&format!("CREATE DATABASE {name}"))
             .execute(&mut conn)
             .await?;

@@ -44,15 +44,30 @@ pub struct Process {
 impl Process {
     /// Starts `binary` with `args` and `envs` (the parent's OUTBOX_* variables are not inherited).
     pub fn spawn(binary: &str, args: &[&str], envs: &[(&str, String)]) -> Self {
-        Self::spawn_path(&self::binary(binary), args, envs)
+        Self::spawn_path(&self::binary(binary), args, envs, &[])
+    }
+
+    /// Like [`Self::spawn`], with the variables `unset` removed from the environment it inherits.
+    pub fn spawn_without(
+        binary: &str,
+        args: &[&str],
+        envs: &[(&str, String)],
+        unset: &[&str],
+    ) -> Self {
+        Self::spawn_path(&self::binary(binary), args, envs, unset)
     }
 
     /// Starts the example `name` (see [`example`]) like [`Self::spawn`].
     pub fn spawn_example(name: &str, args: &[&str], envs: &[(&str, String)]) -> Self {
-        Self::spawn_path(&self::example(name), args, envs)
+        Self::spawn_path(&self::example(name), args, envs, &[])
     }
 
-    fn spawn_path(path: &std::path::Path, args: &[&str], envs: &[(&str, String)]) -> Self {
+    fn spawn_path(
+        path: &std::path::Path,
+        args: &[&str],
+        envs: &[(&str, String)],
+        unset: &[&str],
+    ) -> Self {
         let name = path
             .file_name()
             .map_or_else(|| "child".into(), |n| n.to_string_lossy().into_owned());
@@ -60,7 +75,7 @@ impl Process {
         let file = std::fs::File::create(&log).expect("create a log file");
         let mut cmd = Command::new(path);
         for (k, _) in std::env::vars() {
-            if k.starts_with("OUTBOX_") {
+            if k.starts_with("OUTBOX_") || unset.contains(&k.as_str()) {
                 cmd.env_remove(k);
             }
         }
@@ -94,9 +109,19 @@ impl Process {
 /// Runs `binary` with `args` and `envs` to its end (the parent's OUTBOX_* variables are not
 /// inherited) and returns its exit status, stdout and stderr.
 pub async fn output(binary: &str, args: &[&str], envs: &[(&str, String)]) -> std::process::Output {
+    output_without(binary, args, envs, &[]).await
+}
+
+/// Like [`output`], with the variables `unset` removed from the environment it inherits.
+pub async fn output_without(
+    binary: &str,
+    args: &[&str],
+    envs: &[(&str, String)],
+    unset: &[&str],
+) -> std::process::Output {
     let mut cmd = Command::new(self::binary(binary));
     for (k, _) in std::env::vars() {
-        if k.starts_with("OUTBOX_") {
+        if k.starts_with("OUTBOX_") || unset.contains(&k.as_str()) {
             cmd.env_remove(k);
         }
     }

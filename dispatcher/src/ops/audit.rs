@@ -44,12 +44,15 @@ pub async fn run(a: &AuditArgs, pool: &PgPool) -> Result<Exit, OpsError> {
     if a.common.json {
         print_json(&entries)?;
     } else {
-        let mut t = Table::new(&["ID", "AT", "ACTOR", "ACTION", "ROWS", "SELECTOR", "REASON"]);
+        let mut t = Table::new(&[
+            "ID", "AT", "ACTOR", "DB USER", "ACTION", "ROWS", "SELECTOR", "REASON",
+        ]);
         for e in &entries {
             t.row(vec![
                 e.id.to_string(),
                 e.at.to_rfc3339(),
                 e.actor.clone(),
+                e.db_user.clone().unwrap_or_else(|| "-".to_owned()),
                 e.action.clone(),
                 e.row_count.to_string(),
                 e.selector.0.to_string(),

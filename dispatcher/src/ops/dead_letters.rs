@@ -402,7 +402,7 @@ async fn change(a: &ChangeArgs, pool: &PgPool, action: &'static str) -> Result<E
             .extend(page.iter().filter(|id| !done.contains(id)));
         if !done.is_empty() {
             let entry = Action {
-                actor: &actor,
+                actor: actor.as_deref(),
                 action,
                 selector: selector.clone(),
                 row_ids: &done,

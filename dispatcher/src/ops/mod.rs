@@ -109,7 +109,8 @@ pub struct Why {
     /// Why (written to the audit trail). Required.
     #[arg(long)]
     pub reason: Option<String>,
-    /// Who acts (default: OUTBOX_ACTOR, else the OS user).
+    /// Who acts (default: OUTBOX_ACTOR, else the OS user, else the database login). The audit
+    /// trail also records the database login itself, whatever this says.
     #[arg(long)]
     pub actor: Option<String>,
 }
@@ -125,8 +126,8 @@ impl Why {
         }
     }
 
-    /// The actor.
-    pub fn actor(&self) -> String {
+    /// The declared actor, if any.
+    pub fn actor(&self) -> Option<String> {
         outbox_runtime::operator::actor(self.actor.as_deref())
     }
 }
@@ -165,15 +166,7 @@ pub fn print_json(value: &impl serde::Serialize) -> Result<(), OpsError> {
 
 /// A full topic name for `topic` (short names need `--pubsub-project`/`PUBSUB_PROJECT_ID`).
 pub fn topic_name(project: &str, topic: &str) -> Result<String, OpsError> {
-    if topic.starts_with("projects/") {
-        return Ok(topic.to_owned());
-    }
-    if project.is_empty() {
-        return Err(OpsError::Usage(format!(
-            "topic {topic:?} is a short name: give the full name (projects/P/topics/{topic}) or set --pubsub-project / PUBSUB_PROJECT_ID"
-        )));
-    }
-    Ok(outbox_shared::full_topic_name(project, topic))
+    outbox_shared::resolve_topic(project, topic).map_err(|e| OpsError::Usage(format!("topic {e}")))
 }
 
 /// Parses an RFC 3339 instant or a duration ago (`2026-12-01T00:00:00Z`, `2h`).

@@ -38,12 +38,12 @@ async fn change(a: &PauseArgs, pool: &PgPool, action: &'static str) -> Result<Ex
     let actor = a.why.actor();
     let mut tx = begin(pool).await?;
     let changed = match action {
-        "pause" => pause::pause(&mut tx, &topic, &actor, reason).await?,
+        "pause" => pause::pause(&mut tx, &topic, actor.as_deref(), reason).await?,
         _ => pause::resume(&mut tx, &topic).await?,
     };
     let audit_id = if changed {
         let entry = Action {
-            actor: &actor,
+            actor: actor.as_deref(),
             action,
             selector: serde_json::json!({ "topic": topic }),
             row_ids: &[],

@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 
 use outbox_shared::limits::{MAX_ATTRIBUTE_KEY_BYTES, MAX_ATTRIBUTE_VALUE_BYTES, MAX_ATTRIBUTES};
-use outbox_shared::message::full_topic_name;
 use serde::Deserialize;
 
 use super::{CursorSpec, KeyType, LoadOptions, PayloadSpec, Stream, TopicSpec};
@@ -166,35 +165,13 @@ fn resolve_topic(
     options: &LoadOptions,
     problem: &mut impl FnMut(&str, String),
 ) -> String {
-    if topic.is_empty() || topic.contains(char::is_whitespace) {
-        problem("topic", format!("{topic:?} is not a topic name"));
-        return String::new();
-    }
-    if topic.starts_with("projects/") {
-        let parts: Vec<&str> = topic.split('/').collect();
-        if parts.len() != 4 || parts[2] != "topics" || parts[1].is_empty() || parts[3].is_empty() {
-            problem(
-                "topic",
-                format!("{topic:?} is not projects/<project>/topics/<topic>"),
-            );
+    match outbox_shared::resolve_topic(&options.pubsub_project, topic) {
+        Ok(full) => full,
+        Err(e) => {
+            problem("topic", e.to_string());
+            String::new()
         }
-        return topic.to_owned();
     }
-    if topic.contains('/') {
-        problem(
-            "topic",
-            format!("{topic:?}: use a short name or projects/<project>/topics/<topic>"),
-        );
-    }
-    if options.pubsub_project.is_empty() {
-        problem(
-            "topic",
-            format!(
-                "{topic:?} is a short name: set --pubsub-project (PUBSUB_PROJECT_ID) or use projects/<project>/topics/{topic}"
-            ),
-        );
-    }
-    full_topic_name(&options.pubsub_project, topic)
 }
 
 fn check_attributes(

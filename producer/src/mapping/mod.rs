@@ -16,7 +16,7 @@ use gcp_bigquery_client::model::table_field_schema::TableFieldSchema;
 use gcp_bigquery_client::model::table_row::TableRow;
 use outbox_shared::NewMessage;
 use outbox_shared::limits::check_publishable;
-use outbox_shared::message::{Attributes, full_topic_name};
+use outbox_shared::message::Attributes;
 use outbox_shared::store::dead_letter::Rejection;
 use serde_json::{Map, Value};
 
@@ -205,24 +205,10 @@ impl Mapper<'_> {
                 Some(format!("topic column `{column}` is NULL or empty")),
             ));
         };
-        if !value.starts_with("projects/") && self.pubsub_project.is_empty() {
-            let reason = format!(
-                "topic {value:?} from column `{column}` is a short name and no --pubsub-project is set"
-            );
-            return Ok((value, Some(reason)));
+        match outbox_shared::resolve_topic(&self.pubsub_project, &value) {
+            Ok(full) => Ok((full, None)),
+            Err(e) => Ok((value, Some(format!("topic from column `{column}`: {e}")))),
         }
-        let full = full_topic_name(&self.pubsub_project, &value);
-        let parts: Vec<&str> = full.split('/').collect();
-        let valid = parts.len() == 4
-            && parts[2] == "topics"
-            && !parts[1].is_empty()
-            && !parts[3].is_empty();
-        if !valid {
-            let reason =
-                format!("{full:?} from column `{column}` is not projects/<project>/topics/<topic>");
-            return Ok((full, Some(reason)));
-        }
-        Ok((full, None))
     }
 
     fn bad(&self, detail: String) -> StreamError {

@@ -39,7 +39,8 @@ pub struct RewindArgs {
     /// Why (written to the audit trail). Required.
     #[arg(long)]
     pub reason: Option<String>,
-    /// Who acts (default: OUTBOX_ACTOR, else the OS user).
+    /// Who acts (default: OUTBOX_ACTOR, else the OS user, else the database login). The audit
+    /// trail also records the database login itself, whatever this says.
     #[arg(long)]
     pub actor: Option<String>,
 }
@@ -55,8 +56,8 @@ pub struct Request {
     pub key: Option<String>,
     /// Why.
     pub reason: String,
-    /// Who.
-    pub actor: String,
+    /// Who says they act (`None`: the database login).
+    pub actor: Option<String>,
 }
 
 impl RewindArgs {
@@ -134,8 +135,8 @@ pub struct RewindView {
     pub watermark: PositionView,
     /// The audit entry (`pubsub_outbox_audit.id`) written in the same transaction.
     pub audit_id: i64,
-    /// Who.
-    pub actor: String,
+    /// Who said they acted (`null`: none was declared; the audit entry names the login).
+    pub actor: Option<String>,
     /// Why.
     pub reason: String,
 }
@@ -174,7 +175,7 @@ pub async fn rewind(conn: &mut PgConnection, request: &Request) -> Result<Rewoun
     let audit_id = audit::record(
         &mut tx,
         &Action {
-            actor: &request.actor,
+            actor: request.actor.as_deref(),
             action: "rewind",
             selector,
             row_ids: &[],
@@ -249,7 +250,7 @@ fn render(done: &Rewound, request: &Request) -> String {
          enqueued again (consumers drop them by dedupe key).\n",
         stream = done.stream,
         id = done.audit_id,
-        actor = request.actor,
+        actor = request.actor.as_deref().unwrap_or("the database login"),
     )
 }
 
@@ -263,7 +264,7 @@ mod tests {
             to_micros,
             key: key.map(str::to_owned),
             reason: "test".into(),
-            actor: "tester".into(),
+            actor: Some("tester".into()),
         }
     }
 

@@ -8,7 +8,8 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use backon::{ExponentialBuilder, Retryable};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 
 /// Why a pool could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -16,7 +17,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 pub enum ConnectError {
     /// Could not reach PostgreSQL within the retry budget, or the server refused us.
     #[error(
-        "cannot connect to PostgreSQL at {url} after {waited:?}: {source}. \
+        "cannot connect to PostgreSQL at {url} (gave up after {waited:.1?}): {source}. \
          Check DATABASE_URL (host, port, database name, user and password) and that the server \
          is running and reachable"
     )]
@@ -98,6 +99,15 @@ pub async fn connect_with_settings(
     settings: &[(&str, String)],
 ) -> Result<PgPool, ConnectError> {
     let masked = mask_url(&args.url);
+    if !(args.url.starts_with("postgres://") || args.url.starts_with("postgresql://")) {
+        // sqlx would read any scheme as a host name and then fail to resolve it.
+        return Err(ConnectError::BadUrl {
+            url: masked,
+            source: sqlx::Error::Configuration(
+                "the scheme must be postgres:// or postgresql://".into(),
+            ),
+        });
+    }
     let options = PgConnectOptions::from_str(&args.url)
         .map_err(|source| ConnectError::BadUrl {
             url: masked.clone(),
@@ -106,37 +116,106 @@ pub async fn connect_with_settings(
         .application_name(application_name)
         .options(settings.iter().map(|(k, v)| (*k, v.as_str())));
     let started = Instant::now();
-    let budget = args.connect_timeout;
-    // Each attempt is bounded too (a black-holed address would otherwise hang in connect), and
-    // the whole retry loop by `budget`, so --db-connect-timeout is a real upper bound.
-    let per_attempt = budget.clamp(Duration::from_millis(200), Duration::from_secs(10));
-    let attempt = || {
-        PgPoolOptions::new()
-            .max_connections(args.pool_size.max(1))
-            .acquire_timeout(per_attempt)
-            .connect_with(options.clone())
+    let deadline = started + args.connect_timeout;
+    // One connection proves the server answers and lets us in, and fails with the server's or
+    // the network's own reason (a pool would only say it timed out). Each attempt is bounded by
+    // what is left of --db-connect-timeout (a black-holed address would otherwise hang in
+    // connect), so the whole wait is within it.
+    let attempt = || async {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let attempt_budget = left.clamp(Duration::from_millis(100), Duration::from_secs(10));
+        match tokio::time::timeout(attempt_budget, PgConnection::connect_with(&options)).await {
+            Ok(result) => result,
+            Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {attempt_budget:?}"),
+            ))),
+        }
     };
-    let retrying = attempt
+    let connected = attempt
         .retry(
             ExponentialBuilder::default()
                 .with_min_delay(Duration::from_millis(200))
                 .with_max_delay(Duration::from_secs(5))
-                .with_total_delay(Some(budget))
+                .with_total_delay(Some(args.connect_timeout))
                 .without_max_times(),
         )
-        .when(|e| !is_final(e))
+        .when(|e| !is_final(e) && Instant::now() + Duration::from_millis(200) < deadline)
         .notify(|e, wait| {
             tracing::warn!(error = %e, retry_in = ?wait, url = %masked, "PostgreSQL is not reachable yet; retrying.");
-        });
-    let result = match tokio::time::timeout(budget + per_attempt, retrying).await {
-        Ok(result) => result,
-        Err(_) => Err(sqlx::Error::PoolTimedOut),
+        })
+        .await
+        .map_err(|source| ConnectError::Unreachable {
+            url: masked.clone(),
+            waited: started.elapsed(),
+            source,
+        })?;
+    let _ = connected.close().await;
+    // Later connections are opened on demand; a slow one waits at most the connect timeout.
+    Ok(PgPoolOptions::new()
+        .max_connections(args.pool_size.max(1))
+        .acquire_timeout(args.connect_timeout.max(Duration::from_secs(1)))
+        .connect_lazy_with(options))
+}
+
+/// What `migrate` takes (both binaries).
+#[derive(Debug, Clone, clap::Args)]
+pub struct MigrateArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    #[command(flatten)]
+    pub telemetry: crate::telemetry::TelemetryArgs,
+}
+
+/// Why `migrate` failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MigrateError {
+    /// PostgreSQL could not be reached.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// A migration or the bookkeeping failed (nothing was changed).
+    #[error(transparent)]
+    Migrate(#[from] outbox_shared::Error),
+}
+
+impl crate::exit::Failure for MigrateError {
+    fn is_configuration(&self) -> bool {
+        match self {
+            Self::Connect(e) => e.is_configuration(),
+            Self::Migrate(e) => e.is_configuration(),
+        }
+    }
+}
+
+/// The `migrate` command of both binaries: connects as the migrating role, applies what is
+/// pending in one transaction, and says what it did (or what failed, once). Returns the exit code.
+pub async fn migrate_command(args: &MigrateArgs) -> crate::exit::Exit {
+    let applied = async {
+        let pool = connect(&args.database, "pubsub-outbox-migrate").await?;
+        let report = outbox_shared::migrate(&pool).await;
+        pool.close().await;
+        Ok::<_, MigrateError>(report?)
     };
-    result.map_err(|source| ConnectError::Unreachable {
-        url: masked.clone(),
-        waited: started.elapsed(),
-        source,
-    })
+    match applied.await {
+        Ok(report) => {
+            tracing::info!(
+                applied = report.applied.len(),
+                adopted = report.adopted.len(),
+                up_to_date = report.up_to_date,
+                "Migrations applied: {} new, {} already applied ({} of them taken over from _sqlx_migrations).",
+                report.applied.len(),
+                report.up_to_date,
+                report.adopted.len()
+            );
+            crate::exit::Exit::Ok
+        }
+        Err(e) => crate::exit::fail(
+            args.telemetry.log_format,
+            "Migrating the database failed",
+            &e,
+        ),
+    }
 }
 
 /// Errors no retry can fix: a bad configuration, a database that does not exist, a role or

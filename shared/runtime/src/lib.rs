@@ -7,9 +7,11 @@
 //! - [`health`]: the `/healthz`, `/readyz` and `/metrics` server.
 //! - [`shutdown`]: shutdown as a value, fired by signals.
 //! - [`table`]: the operator commands' human tables.
-//! - [`operator`]: what the operator commands share: the actor, exit codes, error text.
+//! - [`exit`]: the binaries' one rule for exit codes and for printing a failure once.
+//! - [`operator`]: what the operator commands share: the actor.
 
 pub mod db;
+pub mod exit;
 pub mod health;
 pub mod operator;
 pub mod shutdown;

@@ -8,8 +8,8 @@ use crate::error::{DbContext, Result};
 /// One operator action.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Action<'a> {
-    /// Who (a person or a service account).
-    pub actor: &'a str,
+    /// Who says they act (`None`: the database login is recorded as the actor too).
+    pub actor: Option<&'a str>,
     /// What: replay, discard, pause, resume, purge…
     pub action: &'a str,
     /// The selection as the operator gave it.
@@ -20,12 +20,13 @@ pub struct Action<'a> {
     pub reason: &'a str,
 }
 
-/// Records an action; returns the audit entry id.
+/// Records an action; returns the audit entry id. The database records the session's login in
+/// `db_user` itself (a trigger: the writer cannot set it).
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn record(conn: &mut PgConnection, action: &Action<'_>) -> Result<i64> {
     sqlx::query_scalar(
         "INSERT INTO pubsub_outbox_audit (actor, action, selector, row_ids, row_count, reason)
-         VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+         VALUES (COALESCE($1, session_user), $2, $3, $4, $5, $6) RETURNING id",
     )
     .bind(action.actor)
     .bind(action.action)
@@ -45,8 +46,11 @@ pub struct Entry {
     pub id: i64,
     /// When.
     pub at: chrono::DateTime<chrono::Utc>,
-    /// Who.
+    /// Who said they acted.
     pub actor: String,
+    /// The database login that wrote the entry (set by the database; `None` for entries written
+    /// before it was recorded).
+    pub db_user: Option<String>,
     /// What.
     pub action: String,
     /// The selection as given.
@@ -69,7 +73,7 @@ pub async fn list(
     limit: i64,
 ) -> Result<Vec<Entry>> {
     sqlx::query_as(
-        "SELECT id, at, actor, action, selector, row_ids, row_count, reason
+        "SELECT id, at, actor, db_user, action, selector, row_ids, row_count, reason
          FROM pubsub_outbox_audit
          WHERE ($1::text IS NULL OR action = $1) AND ($2::text IS NULL OR actor = $2)
            AND ($3::timestamptz IS NULL OR at >= $3)

@@ -249,6 +249,24 @@ pub async fn backlog(conn: &mut PgConnection, now: DateTime<Utc>, cap: i64) -> R
     })
 }
 
+/// A topic with unpublished rows, if any (the start-up probe asks Pub/Sub about a topic the
+/// dispatcher is about to publish to). Among `topics` when given.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn pending_topic(
+    conn: &mut PgConnection,
+    topics: Option<&[String]>,
+) -> Result<Option<String>> {
+    sqlx::query_scalar(
+        "SELECT topic FROM pubsub_outbox
+         WHERE published_at IS NULL AND ($1::text[] IS NULL OR topic = ANY($1))
+         LIMIT 1",
+    )
+    .bind(topics)
+    .fetch_optional(&mut *conn)
+    .await
+    .context("reading a pending topic from pubsub_outbox")
+}
+
 /// One topic's backlog figures.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TopicBacklog {

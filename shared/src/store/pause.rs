@@ -25,11 +25,13 @@ pub struct PausedTopic {
 pub async fn pause(
     conn: &mut PgConnection,
     topic: &str,
-    actor: &str,
+    actor: Option<&str>,
     reason: &str,
 ) -> Result<bool> {
+    // No declared actor: the database login (a container often has no OS user).
     let r = sqlx::query(
-        "INSERT INTO pubsub_outbox_paused_topic (topic, paused_by, reason) VALUES ($1, $2, $3)
+        "INSERT INTO pubsub_outbox_paused_topic (topic, paused_by, reason)
+         VALUES ($1, COALESCE($2, session_user), $3)
          ON CONFLICT (topic) DO NOTHING",
     )
     .bind(topic)

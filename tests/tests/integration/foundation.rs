@@ -17,7 +17,8 @@ async fn migrations_apply_to_an_empty_database_and_are_idempotent() {
         .await
         .expect("second migration run is a no-op");
 
-    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE success")
+    // The outbox's own bookkeeping (never sqlx's `_sqlx_migrations`, which the application owns).
+    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM pubsub_outbox_migrations")
         .fetch_one(&db.pool)
         .await
         .expect("read the migration ledger");

@@ -429,7 +429,7 @@ async fn changes_refuse_without_a_reason_bulk_ones_without_yes_and_bad_filters_n
             ],
             "soon",
         ),
-        (&["pause", "orders", "--reason", "x"], "short name"),
+        (&["pause", "orders", "--reason", "x"], "short topic name"),
         (&["pause", "projects/p/topics/t"], "--reason"),
         (&["dead-letters", "list", "--kind", "bogus"], "bogus"),
     ];
@@ -467,7 +467,10 @@ async fn cli_conventions_configuration_errors_exit_2_and_a_missing_database_fail
         ],
     );
     let took = started.elapsed();
-    assert_eq!(code, 1, "{err}");
+    assert_eq!(
+        code, 2,
+        "a missing database is a configuration error: {err}"
+    );
     assert!(
         took < Duration::from_secs(10),
         "no retrying a missing database for 30 s: {took:?}"

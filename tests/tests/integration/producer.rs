@@ -999,7 +999,7 @@ payload = { columns = ["id"] }
         "{message}"
     );
     assert_eq!(
-        outbox_producer::StartupError::from(err).exit_code(),
+        outbox_runtime::exit::Failure::exit(&outbox_producer::StartupError::from(err)).code(),
         2,
         "an invalid config exits 2"
     );

@@ -13,7 +13,7 @@ use harness::proxy::TcpProxy;
 use harness::pubsub::TestTopic;
 use harness::wait::wait_until;
 use outbox_dispatcher::classify::PublishFailure;
-use outbox_dispatcher::publisher::{BatchResult, Publish};
+use outbox_dispatcher::publisher::{BatchResult, ProbeError, Publish};
 use outbox_runtime::db::DatabaseArgs;
 use outbox_shared::{ClaimedMessage, enqueue_batch};
 
@@ -177,7 +177,7 @@ impl Publish for Wedged {
     async fn publish_alone(&self, _m: &ClaimedMessage) -> Result<String, PublishFailure> {
         std::future::pending().await
     }
-    async fn probe(&self, _topic: &str) -> Result<(), String> {
+    async fn probe(&self, _topic: &str) -> Result<(), ProbeError> {
         Ok(())
     }
     fn resume(&self, _topic: &str, _key: &str) {}
