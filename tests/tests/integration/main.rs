@@ -5,6 +5,7 @@ mod dispatcher;
 mod dispatcher_options;
 mod foundation;
 mod inbox;
+mod install;
 mod operator;
 mod ordering;
 mod poison;
