@@ -168,6 +168,20 @@ mod tests {
     }
 
     #[test]
+    fn a_request_the_client_refuses_before_sending_is_permanent_not_an_outage() {
+        let err = PublishError::Rpc(Arc::new(google_cloud_gax::error::Error::binding(
+            "field `topic` should match the template",
+        )));
+        let failure = classify(&err);
+        assert_eq!(failure.kind, FailureKind::Permanent);
+        assert!(
+            failure.message.contains("before sending"),
+            "{}",
+            failure.message
+        );
+    }
+
+    #[test]
     fn transport_errors_are_transient() {
         let err = PublishError::Rpc(Arc::new(google_cloud_gax::error::Error::io(
             "connection refused",
