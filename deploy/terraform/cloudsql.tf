@@ -142,6 +142,18 @@ resource "google_sql_database_instance" "outbox" {
       name  = "log_min_error_statement"
       value = "error"
     }
+    database_flags {
+      # Error reports without their DETAIL, HINT, QUERY and CONTEXT lines. At the default, a
+      # check or not-null violation logs "DETAIL: Failing row contains (...)": every column of
+      # the row, the payload included (BYTEA, in hex), into Cloud Logging; a unique violation
+      # logs the key's value. Terse keeps the ERROR line (the constraint and the table) and the
+      # statement's text (with placeholders, see above); it also drops the DETAIL of lock waits
+      # and deadlocks (which process holds the lock). Checked on PostgreSQL 15. Only the server
+      # log changes: clients still receive the DETAIL. The CIS benchmark (GCP 6.2.1) asks for
+      # "default or stricter": terse is stricter.
+      name  = "log_error_verbosity"
+      value = "terse"
+    }
     # Optional pgAudit (var.enable_pgaudit): DDL and role changes only, never parameters.
     dynamic "database_flags" {
       for_each = var.enable_pgaudit ? {
@@ -167,10 +179,11 @@ resource "google_sql_database" "outbox" {
   instance = google_sql_database_instance.outbox.name
 }
 
-# One IAM database user per workload; no built-in (password) user is created here. For a
-# service account the PostgreSQL user name is its email without ".gserviceaccount.com". IAM users
-# start with no privileges: deploy/sql/bootstrap.sql makes the migrator the schema owner and the
-# other two members of the outbox_dispatcher / outbox_producer roles (deploy/README.md).
+# One IAM database user per workload (dispatcher, migrate, producer, the in-cluster operator); no
+# built-in (password) user is created here. For a service account the PostgreSQL user name is
+# its email without ".gserviceaccount.com". IAM users start with no privileges:
+# deploy/sql/bootstrap.sql lets the migrator create (and so own) the schema and makes the others
+# members of the outbox_dispatcher / outbox_producer / outbox_operator roles (deploy/README.md).
 resource "google_sql_user" "workload" {
   for_each = local.db_workloads
 
@@ -180,4 +193,22 @@ resource "google_sql_user" "workload" {
   # The migrator owns the schema, and PostgreSQL refuses to drop a role that owns objects or
   # holds grants: on destroy, leave the users to go with the instance.
   deletion_policy = "ABANDON"
+}
+
+# The operators who log in as themselves (var.operators, var.operator_groups). A person's user
+# name is the full email (nothing is dropped, unlike a service account); a group's is the group's
+# email, and its members log in as their own emails and inherit what is granted to the group.
+# The bootstrap run per name (terraform output database_bootstrap_command) makes each a member of
+# outbox_operator. Removing a name deletes the user: an operator owns nothing and holds no
+# privilege of its own (only the membership), so PostgreSQL drops it (checked on 15); the audit
+# rows keep the name as text.
+resource "google_sql_user" "operator" {
+  for_each = merge(
+    { for email in var.operators : email => "CLOUD_IAM_USER" },
+    { for email in var.operator_groups : email => "CLOUD_IAM_GROUP" },
+  )
+
+  name     = each.key
+  instance = google_sql_database_instance.outbox.name
+  type     = each.value
 }

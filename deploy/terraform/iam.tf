@@ -22,6 +22,16 @@ resource "google_service_account" "producer" {
   depends_on   = [google_project_service.enabled]
 }
 
+# The in-cluster operator's identity (deploy/k8s/operator): an on-call person runs the operator
+# commands as a Job under it instead of borrowing the dispatcher's identity, whose database role
+# is denied most of them. In the database it is a member of outbox_operator (the bootstrap); it has
+# no Pub/Sub, BigQuery or secret rights.
+resource "google_service_account" "operator" {
+  account_id   = "${var.name_prefix}-operator"
+  display_name = "pubsub-outbox operator commands (GKE Job, Workload Identity)"
+  depends_on   = [google_project_service.enabled]
+}
+
 resource "google_service_account" "scheduler" {
   account_id   = "${var.name_prefix}-scheduler"
   display_name = "pubsub-outbox scheduler (starts the producer job)"
@@ -29,29 +39,39 @@ resource "google_service_account" "scheduler" {
 }
 
 locals {
-  # The identities that reach Cloud SQL, each through an Auth Proxy that logs in as it.
+  # The service accounts that reach Cloud SQL, each through an Auth Proxy that logs in as it.
   db_workloads = {
     dispatcher = { email = google_service_account.dispatcher.email }
     migrate    = { email = google_service_account.migrate.email }
     producer   = { email = google_service_account.producer.email }
+    operator   = { email = google_service_account.operator.email }
   }
+  # Everyone who logs in to the database, by a key that is known at plan time: the workloads, and
+  # the people and Google groups of var.operators / var.operator_groups, who run the proxy on
+  # their own machine with their own credentials (a group's members log in as themselves).
+  db_principals = merge(
+    { for name, w in local.db_workloads : name => "serviceAccount:${w.email}" },
+    { for email in var.operators : "user:${email}" => "user:${email}" },
+    { for email in var.operator_groups : "group:${email}" => "group:${email}" },
+  )
   # cloudsql.client: the proxy's connect + get (ephemeral certificate, instance metadata).
   # cloudsql.instanceUser: cloudsql.instances.login, the IAM database login itself.
   db_roles = ["roles/cloudsql.client", "roles/cloudsql.instanceUser"]
   db_bindings = {
-    for pair in setproduct(keys(local.db_workloads), local.db_roles) :
-    "${pair[0]} ${pair[1]}" => { workload = pair[0], role = pair[1] }
+    for pair in setproduct(keys(local.db_principals), local.db_roles) :
+    "${pair[0]} ${pair[1]}" => { principal = pair[0], role = pair[1] }
   }
 }
 
 # Cloud SQL roles have no instance-level IAM policy: grant them on the project, conditioned on
-# this one instance.
+# this one instance. The same two roles for every login, workload or person: what a login may do
+# inside the database is decided there, by its role (deploy/README.md, "Database roles").
 resource "google_project_iam_member" "cloudsql" {
   for_each = local.db_bindings
 
   project = var.project_id
   role    = each.value.role
-  member  = "serviceAccount:${local.db_workloads[each.value.workload].email}"
+  member  = local.db_principals[each.value.principal]
 
   condition {
     title       = "only-${google_sql_database_instance.outbox.name}"
@@ -95,6 +115,18 @@ resource "google_service_account_iam_member" "migrate_workload_identity" {
   service_account_id = google_service_account.migrate.name
   role               = "roles/iam.workloadIdentityUser"
   member             = local.migrate_workload_identity_member
+}
+
+# ---- operator (in-cluster commands) -------------------------------------------------------------
+
+# Pods running as the Kubernetes service account gke_namespace/gke_operator_service_account (the
+# operator Job) act as the operator. Whoever may create pods or Jobs in that namespace may
+# therefore run the operator commands (and could name the dispatcher's service account just as
+# well): keep that Kubernetes right to the people on call.
+resource "google_service_account_iam_member" "operator_workload_identity" {
+  service_account_id = google_service_account.operator.name
+  role               = "roles/iam.workloadIdentityUser"
+  member             = local.operator_workload_identity_member
 }
 
 # ---- producer -----------------------------------------------------------------------------------

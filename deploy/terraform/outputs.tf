@@ -43,13 +43,18 @@ output "pubsub_regional_endpoint" {
   value       = "https://${var.region}-pubsub.googleapis.com"
 }
 
+output "operator_service_account_email" {
+  description = "For the iam.gke.io/gcp-service-account annotation of the operator Job's KSA (deploy/k8s/operator/serviceaccount.yaml)."
+  value       = google_service_account.operator.email
+}
+
 output "migrate_service_account_email" {
   description = "For the iam.gke.io/gcp-service-account annotation of the migration Job's KSA (deploy/k8s/common/serviceaccount.yaml)."
   value       = google_service_account.migrate.email
 }
 
 output "database_users" {
-  description = "The IAM database users (PostgreSQL role names), by workload."
+  description = "The IAM database users (PostgreSQL role names), by workload (the operators log in as their own emails)."
   value       = local.db_users
 }
 
@@ -58,13 +63,28 @@ output "database_urls" {
   value       = local.database_urls
 }
 
+locals {
+  # The administrator's psql, through a local proxy; it prompts for the postgres password.
+  bootstrap_psql = "psql \"host=127.0.0.1 port=5432 dbname=${var.db_name} user=postgres\" -v ON_ERROR_STOP=1"
+}
+
 output "database_bootstrap_command" {
-  description = "The one-time bootstrap (deploy/sql/bootstrap.sql), run by an administrator through a local proxy; see deploy/README.md."
-  value       = <<-EOT
-    psql "host=127.0.0.1 port=5432 dbname=${var.db_name} user=postgres" -v ON_ERROR_STOP=1 \
-      -v migrator='${local.db_users["migrate"]}' \
-      -v dispatcher='${local.db_users["dispatcher"]}' \
-      -v producer='${local.db_users["producer"]}' \
-      -f deploy/sql/bootstrap.sql
+  description = <<-EOT
+    The bootstrap (deploy/sql/bootstrap.sql), run by an administrator through a local proxy: one
+    run for the workloads and the in-cluster operator, then one per operator in var.operators and
+    var.operator_groups (each run is idempotent and prompts for the password). Names only, no
+    password; see deploy/README.md.
   EOT
+  value = join("", concat(
+    [<<-EOT
+      ${local.bootstrap_psql} \
+        -v migrator='${local.db_users["migrate"]}' \
+        -v dispatcher='${local.db_users["dispatcher"]}' \
+        -v producer='${local.db_users["producer"]}' \
+        -v operator='${local.db_users["operator"]}' \
+        -f deploy/sql/bootstrap.sql
+    EOT
+    ],
+    [for name in keys(google_sql_user.operator) : "${local.bootstrap_psql} -v operator='${name}' -f deploy/sql/bootstrap.sql\n"],
+  ))
 }

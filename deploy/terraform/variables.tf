@@ -203,10 +203,57 @@ variable "gke_migrate_service_account" {
   default     = "pubsub-outbox-migrate"
 }
 
+variable "gke_operator_service_account" {
+  description = "Kubernetes service account of the operator Job (deploy/k8s/operator/serviceaccount.yaml)."
+  type        = string
+  default     = "outbox-operator"
+}
+
 variable "cloud_sql_proxy_image" {
   description = "Cloud SQL Auth Proxy image of the producer job's sidecar; pin it by digest at release (same version as deploy/k8s)."
   type        = string
   default     = "gcr.io/cloud-sql-connectors/cloud-sql-proxy:2.18.2"
+}
+
+# ---- operators (people) -------------------------------------------------------------------------
+
+variable "operators" {
+  description = <<-EOT
+    Email addresses (lowercase) of the people who run the operator commands (dispatcher status,
+    dead-letters, pause, resume, audit; producer streams, rewind) as themselves, through a Cloud
+    SQL Auth Proxy on their own machine. Each gets an IAM database user (its name is the email)
+    and the two login roles on the instance; `terraform output database_bootstrap_command` then
+    prints the bootstrap run that makes it a member of outbox_operator. People only: the
+    in-cluster operator has its own service account.
+  EOT
+  type        = list(string)
+  default     = []
+
+  validation {
+    # Cloud SQL wants IAM user names in lowercase, and a service account another user type; the
+    # pattern also keeps quotes out of the printed bootstrap commands.
+    condition = alltrue([
+      for e in var.operators : can(regex("^[a-z0-9._%+-]+@[a-z0-9.-]+$", e)) && !endswith(e, ".gserviceaccount.com")
+    ])
+    error_message = "operators: lowercase email addresses of people (no service accounts)."
+  }
+}
+
+variable "operator_groups" {
+  description = <<-EOT
+    Email addresses (lowercase) of Google groups whose members are all operators. The group gets
+    an IAM database user (CLOUD_IAM_GROUP) and the login roles; each member logs in as their own
+    email (Cloud SQL creates that login at the first connection) and inherits the group's
+    outbox_operator membership. Joining or leaving the group then needs no Terraform or bootstrap
+    run.
+  EOT
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for e in var.operator_groups : can(regex("^[a-z0-9._%+-]+@[a-z0-9.-]+$", e))])
+    error_message = "operator_groups: lowercase email addresses of Google groups."
+  }
 }
 
 # ---- BigQuery (the producer) --------------------------------------------------------------------
@@ -320,9 +367,11 @@ variable "alert_notification_channels" {
 locals {
   gke_project_id      = coalesce(var.gke_project_id, var.project_id)
   bigquery_project_id = coalesce(var.bigquery_project_id, var.project_id)
-  # GKE's Workload Identity member for the dispatcher's Kubernetes service account.
+  # GKE's Workload Identity members: the Kubernetes service accounts of the dispatcher, the
+  # migration Job and the operator Job.
   dispatcher_workload_identity_member = "serviceAccount:${local.gke_project_id}.svc.id.goog[${var.gke_namespace}/${var.gke_service_account}]"
   migrate_workload_identity_member    = "serviceAccount:${local.gke_project_id}.svc.id.goog[${var.gke_namespace}/${var.gke_migrate_service_account}]"
+  operator_workload_identity_member   = "serviceAccount:${local.gke_project_id}.svc.id.goog[${var.gke_namespace}/${var.gke_operator_service_account}]"
   # The IAM database users (cloudsql.tf) and the DATABASE_URLs through a proxy on 127.0.0.1:5432.
   # No password: the proxy (--auto-iam-authn) logs in with the workload's token. sslmode=disable
   # is the pod- or task-local hop; the proxy encrypts (TLS 1.3, client certificate) to Cloud SQL.

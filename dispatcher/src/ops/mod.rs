@@ -1,5 +1,6 @@
-//! The operator's commands, subcommands of the `dispatcher` binary (the deployed image holds it
-//! with the same `DATABASE_URL`: `kubectl exec deploy/outbox-dispatcher -- dispatcher status`).
+//! The operator's commands, subcommands of the `dispatcher` binary, run under an operator's own
+//! database login (never the dispatcher's): from a laptop through the Auth Proxy, or in the
+//! cluster with `deploy/k8s/operator/run` (deploy/README.md, "Operators").
 //!
 //! Each command is options (clap) with their checks, then a run over one shared bootstrap
 //! ([`Common`]: connect, print a table or `--json`). Every change writes one audit row in the
