@@ -8,6 +8,7 @@ mod inbox;
 mod install;
 mod operator;
 mod ordering;
+mod plans;
 mod poison;
 mod producer;
 mod producer_ops;

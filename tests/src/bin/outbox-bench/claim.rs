@@ -199,7 +199,7 @@ async fn claim_run(db: &Scratch, args: &ClaimArgs, protocol: Protocol) -> Result
 pub(crate) async fn drain_lock(pool: &PgPool, batch: i64) -> Result<u64> {
     let mut deleted = 0;
     loop {
-        let mut tx = pool.begin().await?;
+        let mut tx = claim::begin(pool).await?;
         let filter = ClaimFilter {
             now: Utc::now(),
             limit: batch,
