@@ -71,7 +71,7 @@ pub(crate) async fn run_batch<P: Publish>(
     d: &Dispatch<P>,
     now: DateTime<Utc>,
 ) -> Result<BatchOutcome, DispatcherError> {
-    let mut tx = claim::begin(&d.pool).await?;
+    let mut tx = d.claim_session.begin(&d.pool).await?;
     let claimed = claim(d, &mut tx, now).await?;
     if claimed.is_empty() {
         // Nothing locked, nothing written: ending the transaction either way is the same.

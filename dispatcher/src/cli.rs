@@ -260,6 +260,14 @@ impl TryFrom<&RunArgs> for DispatcherConfig {
     fn try_from(cli: &RunArgs) -> Result<Self, String> {
         let a = &cli.dispatch;
         let p = &cli.pubsub;
+        if cli.database.pooler.per_transaction() && !a.no_listen {
+            return Err(
+                "--db-pooler transaction: LISTEN needs a session of its own, which a \
+                        transaction-mode pooler does not keep; add --no-listen (OUTBOX_NO_LISTEN) \
+                        to claim by polling, or point the dispatcher at the database directly"
+                    .to_owned(),
+            );
+        }
         let full = |flag: &str, topics: &[String]| {
             topics
                 .iter()

@@ -37,25 +37,14 @@ pub struct Dispatcher<P> {
     local_addr: SocketAddr,
 }
 
-/// Opens the dispatcher's pool: its sessions commit without waiting for the WAL flush and end a
-/// claim transaction left idle longer than `--lock-timeout`.
+/// Opens the dispatcher's pool (and applies the migrations with `--migrate`). What the claim
+/// transactions need of a session (asynchronous commit, the idle timeout) they set themselves
+/// (`claim::ClaimSession`), so the pool works the same behind a transaction-mode pooler.
 pub async fn connect_database(
     database: &DatabaseArgs,
     config: &DispatcherConfig,
 ) -> Result<PgPool, DispatcherError> {
-    let settings = [
-        // A lost settle only re-publishes (consumers dedupe), so the dispatcher's commits need not
-        // wait for the WAL flush: 1.2-2.3x more batches per second at small batch sizes.
-        ("synchronous_commit", "off".to_owned()),
-        // A claim transaction idle this long belongs to a hung dispatcher: end it, free its rows.
-        (
-            "idle_in_transaction_session_timeout",
-            format!("{}", config.lock_timeout.as_millis()),
-        ),
-    ];
-    let pool =
-        outbox_runtime::db::connect_with_settings(database, "pubsub-outbox-dispatcher", &settings)
-            .await?;
+    let pool = outbox_runtime::db::connect(database, "pubsub-outbox-dispatcher").await?;
     if config.migrate {
         outbox_shared::migrate(&pool).await?;
     }
@@ -220,9 +209,12 @@ async fn probe_topic<P: Publish>(
     if let Some(first) = config.batch.topics.as_ref().and_then(|t| t.first()) {
         return Some(first.clone());
     }
-    let mut conn = dispatch.pool.acquire().await.ok()?;
-    match outbox_shared::store::outbox::pending_topic(&mut conn, None).await {
-        Ok(topic) => topic,
+    let mut tx = dispatch.pool.begin().await.ok()?;
+    match outbox_shared::store::outbox::pending_topic(&mut tx, None).await {
+        Ok(topic) => {
+            let _ = tx.commit().await;
+            topic
+        }
         Err(e) => {
             tracing::warn!(error = %e, "Could not read a pending topic for the start-up probe; the first publish will tell whether Pub/Sub answers.");
             None

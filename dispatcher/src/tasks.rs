@@ -56,7 +56,8 @@ pub(crate) fn readiness(pool: PgPool, breaker: Arc<Breaker>) -> ReadinessCheck {
         Box::pin(async move {
             let ping = tokio::time::timeout(
                 Duration::from_millis(800),
-                sqlx::query("SELECT 1").execute(&pool),
+                // The simple protocol: no statement is prepared (any pooler passes it through).
+                sqlx::raw_sql("SELECT 1").execute(&pool),
             );
             match ping.await {
                 Ok(Ok(_)) => {}
@@ -157,7 +158,8 @@ pub(crate) async fn sample_gauges(
             .pool_connections
             .get_or_create(&vec![("state", "in_use".to_owned())])
             .set(i64::from(pool.size()) - idle);
-        match pool.acquire().await {
+        // Every statement inside a transaction, as behind a transaction-mode pooler it must be.
+        match pool.begin().await {
             Ok(mut conn) => {
                 let topics = topics.as_deref();
                 match outbox::backlog_by_topic(&mut conn, Utc::now(), topics, BACKLOG_CAP).await {
@@ -221,6 +223,7 @@ pub(crate) async fn sample_gauges(
                         tracing::warn!(error = %e, "Counting the blocked ordering keys failed.")
                     }
                 }
+                let _ = conn.commit().await;
             }
             Err(e) => tracing::warn!(error = %e, "No database connection for the gauges."),
         }
@@ -369,12 +372,17 @@ pub(crate) async fn heartbeat<P: Publish>(
     loop {
         row.breaker_open = !d.breaker.is_closed();
         (row.batches_in_flight, row.rows_in_flight) = d.in_flight();
-        match d.pool.acquire().await {
-            Ok(mut conn) => {
-                if let Err(e) = replica::heartbeat(&mut conn, &row).await {
-                    tracing::warn!(error = %e, "Writing the replica heartbeat failed; will retry.");
+        match d.pool.begin().await {
+            Ok(mut tx) => match replica::heartbeat(&mut tx, &row).await {
+                Ok(()) => {
+                    if let Err(e) = tx.commit().await {
+                        tracing::warn!(error = %e, "Committing the replica heartbeat failed; will retry.");
+                    }
                 }
-            }
+                Err(e) => {
+                    tracing::warn!(error = %e, "Writing the replica heartbeat failed; will retry.")
+                }
+            },
             Err(e) => {
                 tracing::warn!(error = %e, "No database connection for the replica heartbeat.")
             }
@@ -384,8 +392,12 @@ pub(crate) async fn heartbeat<P: Publish>(
             _ = shutdown.requested() => break,
         }
     }
-    if let Ok(mut conn) = d.pool.acquire().await {
-        let _ = replica::remove(&mut conn, &row.replica_id, 86_400).await;
+    if let Ok(mut tx) = d.pool.begin().await
+        && replica::remove(&mut tx, &row.replica_id, 86_400)
+            .await
+            .is_ok()
+    {
+        let _ = tx.commit().await;
     }
 }
 
@@ -400,12 +412,16 @@ pub(crate) async fn purge(
     loop {
         loop {
             let before = Utc::now() - retention;
-            let deleted = match pool.acquire().await {
-                Ok(mut conn) => outbox::purge_published(&mut conn, before, 1000).await,
-                Err(e) => Err(outbox_shared::Error::Database {
-                    context: "acquiring a connection to purge published rows",
-                    source: e,
-                }),
+            let deleted = match pool.begin().await {
+                Ok(mut tx) => match outbox::purge_published(&mut tx, before, 1000).await {
+                    Ok(n) => tx
+                        .commit()
+                        .await
+                        .map(|()| n)
+                        .map_err(outbox_shared::Error::commit),
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(outbox_shared::Error::begin(e)),
             };
             match deleted {
                 Ok(1000) => continue,

@@ -19,6 +19,7 @@ use crate::config::{BatchSettings, DispatcherConfig, Idle};
 use crate::liveness::Heartbeats;
 use crate::metrics::Metrics;
 use crate::publisher::Publish;
+use outbox_shared::store::claim::ClaimSession;
 
 /// Everything a worker shares with the other workers of its process.
 #[derive(Debug)]
@@ -32,6 +33,8 @@ pub(crate) struct Dispatch<P> {
     pub(crate) inflight: ByteBudget,
     pub(crate) keys: KeyWalk,
     pub(crate) stall_probe_after: Duration,
+    /// How claim transactions begin (their session settings).
+    pub(crate) claim_session: ClaimSession,
     /// Batches claimed and not yet settled, and their rows (for the replica heartbeat).
     in_flight: (AtomicI32, AtomicI32),
     /// The idle workers' shared poll interval.
@@ -65,6 +68,7 @@ impl<P: Publish> Dispatch<P> {
             inflight: ByteBudget::new(config.max_inflight_bytes),
             keys: KeyWalk::new(config.batch.batch_size),
             stall_probe_after: config.stall_probe_after,
+            claim_session: ClaimSession::new(config.lock_timeout),
             in_flight: (AtomicI32::new(0), AtomicI32::new(0)),
             idle: SharedIdle::new(config.idle),
             paused: PausedTopics::new(config.idle.poll_interval),

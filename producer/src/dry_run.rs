@@ -31,7 +31,7 @@ pub async fn dry_run_stream<A: Api>(
     let name = stream.name.as_str();
     let started = Instant::now();
     let mut conn = pool
-        .acquire()
+        .begin()
         .await
         .map_err(|e| StreamError::database(name, "connecting for the dry run", e))?;
     let stored = watermark::get(&mut conn, name).await.in_stream(name)?;

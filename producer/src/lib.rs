@@ -63,6 +63,14 @@ pub enum StartupError {
     /// The migrations failed.
     #[error(transparent)]
     Database(#[from] outbox_shared::Error),
+    /// The producer cannot work through the configured connection pooler.
+    #[error(
+        "--db-pooler transaction: producer run holds each stream's lock for the whole run on a \
+         session of its own (a session advisory lock), which a transaction-mode pooler does not \
+         keep. Point the producer at the database directly (the Cloud SQL Auth Proxy is not a \
+         pooler) or through a session-mode pooler, and keep --db-pooler none or session"
+    )]
+    TransactionPooler,
     /// The BigQuery client could not be built.
     #[error(
         "{0}. Check --bigquery-endpoint / --bigquery-credentials (GOOGLE_APPLICATION_CREDENTIALS)"
@@ -76,7 +84,7 @@ impl outbox_runtime::exit::Failure for StartupError {
     /// client that cannot be built from the flags (retrying cannot help).
     fn is_configuration(&self) -> bool {
         match self {
-            Self::Config(_) => true,
+            Self::Config(_) | Self::TransactionPooler => true,
             Self::Connect(e) => e.is_configuration(),
             Self::Database(e) => e.is_configuration(),
             Self::BigQuery(e) => e.kind != bigquery::ApiErrorKind::Transient,
@@ -86,6 +94,9 @@ impl outbox_runtime::exit::Failure for StartupError {
 
 /// `producer run`: load and check the streams file, connect, run this task's streams.
 pub async fn execute(args: &RunArgs, shutdown: &Shutdown) -> Result<JobReport, StartupError> {
+    if args.database.pooler.per_transaction() {
+        return Err(StartupError::TransactionPooler);
+    }
     let settings = args.settings();
     let options = LoadOptions {
         pubsub_project: settings.pubsub_project.clone(),

@@ -76,10 +76,12 @@ pub async fn migrate_on(conn: &mut PgConnection) -> Result<Migrated> {
         .await
         .context("starting the migration transaction")?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('pubsub_outbox:migrations', 0))")
+        .persistent(crate::store::named_statements())
         .execute(&mut *tx)
         .await
         .context("taking the migration lock")?;
     let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .persistent(crate::store::named_statements())
         .bind(MIGRATIONS_TABLE)
         .fetch_one(&mut *tx)
         .await
@@ -106,6 +108,7 @@ pub async fn migrate_on(conn: &mut PgConnection) -> Result<Migrated> {
     let adopted = adopt_from_sqlx(&mut tx).await?;
     let applied: HashMap<i64, Vec<u8>> =
         sqlx::query_as("SELECT version, checksum FROM pubsub_outbox_migrations")
+            .persistent(crate::store::named_statements())
             .fetch_all(&mut *tx)
             .await
             .context("reading pubsub_outbox_migrations")?
@@ -148,6 +151,7 @@ pub async fn migrate_on(conn: &mut PgConnection) -> Result<Migrated> {
             "INSERT INTO pubsub_outbox_migrations (version, description, checksum, execution_ms)
              VALUES ($1, $2, $3, $4)",
         )
+        .persistent(crate::store::named_statements())
         .bind(m.version)
         .bind(&*m.description)
         .bind(&*m.checksum)
@@ -185,6 +189,7 @@ fn hex_eq(hex: &str, bytes: &[u8]) -> bool {
 /// migrations; any other row belongs to the application and is left alone.
 async fn adopt_from_sqlx(tx: &mut PgConnection) -> Result<Vec<i64>> {
     let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+        .persistent(crate::store::named_statements())
         .fetch_one(&mut *tx)
         .await
         .context("looking for _sqlx_migrations")?;
@@ -194,6 +199,7 @@ async fn adopt_from_sqlx(tx: &mut PgConnection) -> Result<Vec<i64>> {
     let rows: Vec<(i64, String, Vec<u8>, bool)> = sqlx::query_as(
         "SELECT version, description, checksum, success FROM _sqlx_migrations ORDER BY version",
     )
+    .persistent(crate::store::named_statements())
     .fetch_all(&mut *tx)
     .await
     .context("reading _sqlx_migrations (the migrating role must be able to read it)")?;
@@ -223,11 +229,13 @@ async fn adopt_from_sqlx(tx: &mut PgConnection) -> Result<Vec<i64>> {
              FROM _sqlx_migrations WHERE version = $1
              ON CONFLICT (version) DO NOTHING",
         )
+    .persistent(crate::store::named_statements())
         .bind(version)
         .execute(&mut *tx)
         .await
         .context("recording a migration taken over from _sqlx_migrations")?;
         sqlx::query("DELETE FROM _sqlx_migrations WHERE version = $1")
+            .persistent(crate::store::named_statements())
             .bind(version)
             .execute(&mut *tx)
             .await

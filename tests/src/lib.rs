@@ -20,6 +20,7 @@ pub mod env;
 pub mod fixtures;
 pub mod http_faults;
 pub mod ledger;
+pub mod pgbouncer;
 pub mod process;
 pub mod proxy;
 pub mod pubsub;

@@ -32,7 +32,8 @@ pub async fn run(a: &AuditArgs, pool: &PgPool) -> Result<Exit, OpsError> {
         .as_deref()
         .map(|s| instant("--since", s))
         .transpose()?;
-    let mut conn = pool.acquire().await?;
+    // Read-only, inside a transaction (as behind a transaction-mode pooler it must be).
+    let mut conn = pool.begin().await?;
     let entries = audit::list(
         &mut conn,
         a.action.as_deref(),

@@ -247,7 +247,8 @@ pub async fn run(c: &DeadLettersCommand, pool: &PgPool) -> Result<Exit, OpsError
 
 async fn list(a: &ListArgs, pool: &PgPool) -> Result<Exit, OpsError> {
     let filter = a.selection.filter(&[], None)?;
-    let mut conn = pool.acquire().await?;
+    // Read-only, inside a transaction (as behind a transaction-mode pooler it must be).
+    let mut conn = pool.begin().await?;
     let entries: Vec<Entry> = dead_letter::select(&mut conn, &filter, a.limit, a.before_id)
         .await?
         .into_iter()
@@ -292,7 +293,8 @@ async fn list(a: &ListArgs, pool: &PgPool) -> Result<Exit, OpsError> {
 }
 
 async fn show(a: &ShowArgs, pool: &PgPool) -> Result<Exit, OpsError> {
-    let mut conn = pool.acquire().await?;
+    // Read-only, inside a transaction (as behind a transaction-mode pooler it must be).
+    let mut conn = pool.begin().await?;
     let Some(entry) = dead_letter::get(&mut conn, a.id).await?.map(Entry::from) else {
         eprintln!(
             "error: no dead letter with id {} (dispatcher dead-letters list shows the ids)",

@@ -75,7 +75,8 @@ pub struct StreamStatus {
 
 /// Reads everything `status` shows.
 pub async fn read(args: &StatusArgs, pool: &PgPool) -> Result<Status, OpsError> {
-    let mut conn = pool.acquire().await?;
+    // Read-only, inside a transaction (as behind a transaction-mode pooler it must be).
+    let mut conn = pool.begin().await?;
     let (now, replicas) = replica::list(&mut conn).await?;
     let topics = status::topics(&mut conn, now).await?;
     let paused = pause::list(&mut conn).await?;

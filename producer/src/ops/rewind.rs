@@ -95,6 +95,14 @@ pub struct Rewound {
 /// Runs `producer rewind`.
 pub async fn run(args: &RewindArgs) -> Result<Output, OpsError> {
     let request = args.request(Utc::now())?;
+    if args.common.database.pooler.per_transaction() {
+        return Err(OpsError::Usage(
+            "--db-pooler transaction: rewind takes the stream's lock (a session advisory lock, \
+             so that no run moves the watermark meanwhile), which a transaction-mode pooler does \
+             not keep; run it directly against the database or through a session-mode pooler"
+                .to_owned(),
+        ));
+    }
     let pool = args.common.connect().await?;
     let result = match pool.acquire().await {
         // Detached: the session lock must end with this command, not live on in a pool.

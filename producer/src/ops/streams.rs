@@ -148,8 +148,9 @@ pub async fn run(args: &StreamsArgs) -> Result<Output, OpsError> {
         )));
     }
     let pool = args.common.connect().await?;
+    // Read-only, inside a transaction (as behind a transaction-mode pooler it must be).
     let mut conn = pool
-        .acquire()
+        .begin()
         .await
         .map_err(|source| outbox_shared::Error::Database {
             context: "connecting to read the producer streams",

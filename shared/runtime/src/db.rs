@@ -72,6 +72,37 @@ pub struct DatabaseArgs {
     #[arg(long = "db-connect-timeout", env = "OUTBOX_DB_CONNECT_TIMEOUT", default_value = "30s",
           value_parser = humantime::parse_duration)]
     pub connect_timeout: Duration,
+    /// The connection pooler between this process and PostgreSQL, if any: `none` (direct, or
+    /// the Cloud SQL Auth Proxy), `session` (PgBouncer pool_mode=session: the same as direct), or
+    /// `transaction` (PgBouncer pool_mode=transaction, Cloud SQL managed connection pooling):
+    /// then statements are sent unnamed, each inside a transaction, and what needs a session of
+    /// its own is refused (the dispatcher's LISTEN: use --no-listen; the producer's stream lock).
+    #[arg(
+        long = "db-pooler",
+        env = "OUTBOX_DB_POOLER",
+        value_enum,
+        default_value = "none"
+    )]
+    pub pooler: Pooler,
+}
+
+/// The connection pooler in front of PostgreSQL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Pooler {
+    /// A direct connection (or the Auth Proxy, which is not a pooler).
+    None,
+    /// A pooler in session mode: a server connection per client connection, as direct.
+    Session,
+    /// A pooler in transaction mode: a server connection per transaction only.
+    Transaction,
+}
+
+impl Pooler {
+    /// Whether a session's state (named statements, session locks, LISTEN, session settings)
+    /// is lost between transactions.
+    pub fn per_transaction(self) -> bool {
+        self == Self::Transaction
+    }
 }
 
 impl DatabaseArgs {
@@ -81,23 +112,17 @@ impl DatabaseArgs {
             url: url.into(),
             pool_size: 10,
             connect_timeout: Duration::from_secs(30),
+            pooler: Pooler::None,
         }
     }
 }
 
-/// Opens a pool, retrying with backoff for up to `args.connect_timeout`.
-pub async fn connect(args: &DatabaseArgs, application_name: &str) -> Result<PgPool, ConnectError> {
-    connect_with_settings(args, application_name, &[]).await
-}
-
-/// Like [`connect`], with session settings (`SET name = value`) sent at connection start-up, so
-/// they cost no round trip per transaction.
+/// Opens a pool, retrying with backoff for up to `args.connect_timeout`. Behind a
+/// transaction-mode pooler (`--db-pooler transaction`) it also switches the store to unnamed
+/// statements, process-wide ([`outbox_shared::store::use_unnamed_statements`]), and leaves out
+/// the start-up parameters such a pooler refuses.
 #[tracing::instrument(skip_all, fields(db.system = "postgresql", db.application = application_name), err(level = "debug"))]
-pub async fn connect_with_settings(
-    args: &DatabaseArgs,
-    application_name: &str,
-    settings: &[(&str, String)],
-) -> Result<PgPool, ConnectError> {
+pub async fn connect(args: &DatabaseArgs, application_name: &str) -> Result<PgPool, ConnectError> {
     let masked = mask_url(&args.url);
     if !(args.url.starts_with("postgres://") || args.url.starts_with("postgresql://")) {
         // sqlx would read any scheme as a host name and then fail to resolve it.
@@ -114,7 +139,16 @@ pub async fn connect_with_settings(
             source,
         })?
         .application_name(application_name)
-        .options(settings.iter().map(|(k, v)| (*k, v.as_str())));
+        // A start-up parameter PgBouncer refuses unless told to ignore it; it only shapes floats
+        // in text results, and sqlx reads results in binary.
+        .extra_float_digits(None);
+    let options = if args.pooler.per_transaction() {
+        outbox_shared::store::use_unnamed_statements(true);
+        // Nothing may be cached per server connection.
+        options.statement_cache_capacity(0)
+    } else {
+        options
+    };
     let started = Instant::now();
     let deadline = started + args.connect_timeout;
     // One connection proves the server answers and lets us in, and fails with the server's or
@@ -225,8 +259,9 @@ fn is_final(e: &sqlx::Error) -> bool {
         sqlx::Error::Configuration(_) => true,
         sqlx::Error::Database(db) => matches!(
             db.code().as_deref(),
-            // invalid_catalog_name, invalid_authorization_specification, invalid_password
-            Some("3D000" | "28000" | "28P01")
+            // invalid_catalog_name, invalid_authorization_specification, invalid_password,
+            // protocol_violation (e.g. a pooler refusing a start-up parameter)
+            Some("3D000" | "28000" | "28P01" | "08P01")
         ),
         _ => false,
     }

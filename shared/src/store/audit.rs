@@ -28,6 +28,7 @@ pub async fn record(conn: &mut PgConnection, action: &Action<'_>) -> Result<i64>
         "INSERT INTO pubsub_outbox_audit (actor, action, selector, row_ids, row_count, reason)
          VALUES (COALESCE($1, session_user), $2, $3, $4, $5, $6) RETURNING id",
     )
+    .persistent(crate::store::named_statements())
     .bind(action.actor)
     .bind(action.action)
     .bind(sqlx::types::Json(&action.selector))
@@ -79,6 +80,7 @@ pub async fn list(
            AND ($3::timestamptz IS NULL OR at >= $3)
          ORDER BY id DESC LIMIT $4",
     )
+    .persistent(crate::store::named_statements())
     .bind(action)
     .bind(actor)
     .bind(since)

@@ -80,6 +80,7 @@ pub async fn move_from_outbox(
              attributes = EXCLUDED.attributes, topic = EXCLUDED.topic,
              ordering_key = EXCLUDED.ordering_key",
     )
+    .persistent(crate::store::named_statements())
     .bind(&ids)
     .bind(&attempts)
     .bind(&kinds)
@@ -138,6 +139,7 @@ pub async fn insert_rejected(
               AS r(t, k, d, p, a, e)
          ON CONFLICT (dedupe_key) DO NOTHING",
     )
+    .persistent(crate::store::named_statements())
     .bind(&topics)
     .bind(&keys)
     .bind(&dedupe)
@@ -197,6 +199,7 @@ pub async fn list(
          ORDER BY failed_at DESC, id DESC
          LIMIT $2",
     )
+    .persistent(crate::store::named_statements())
     .bind(topic)
     .bind(limit)
     .fetch_all(&mut *conn)
@@ -266,6 +269,7 @@ pub async fn select(
          ORDER BY id DESC
          LIMIT $10",
     )
+    .persistent(crate::store::named_statements())
     .bind(&filter.ids)
     .bind(&filter.topic)
     .bind(&filter.error_kind)
@@ -313,6 +317,7 @@ pub async fn replay(conn: &mut PgConnection, ids: &[i64]) -> Result<Vec<i64>> {
          )
          SELECT id FROM moved ORDER BY id",
     )
+    .persistent(crate::store::named_statements())
     .bind(ids)
     .fetch_all(&mut *conn)
     .await
@@ -327,6 +332,7 @@ pub async fn blocked_keys(conn: &mut PgConnection, skip_topics: &[String]) -> Re
              SELECT DISTINCT topic, ordering_key FROM pubsub_outbox_dead_letter
              WHERE ordering_key IS NOT NULL AND NOT (topic = ANY($1))) k",
     )
+    .persistent(crate::store::named_statements())
     .bind(skip_topics)
     .fetch_one(&mut *conn)
     .await
@@ -343,6 +349,7 @@ pub async fn counts(
         "SELECT topic, error_kind, count(*) FROM pubsub_outbox_dead_letter
          WHERE ($1::text[] IS NULL OR topic = ANY($1)) GROUP BY topic, error_kind",
     )
+    .persistent(crate::store::named_statements())
     .bind(topics)
     .fetch_all(&mut *conn)
     .await
@@ -353,6 +360,7 @@ pub async fn counts(
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn discard(conn: &mut PgConnection, ids: &[i64]) -> Result<Vec<i64>> {
     sqlx::query_scalar("DELETE FROM pubsub_outbox_dead_letter WHERE id = ANY($1) RETURNING id")
+        .persistent(crate::store::named_statements())
         .bind(ids)
         .fetch_all(&mut *conn)
         .await

@@ -28,6 +28,7 @@ pub async fn remember(
          ON CONFLICT (stream, dedupe_key) DO NOTHING
          RETURNING dedupe_key",
     )
+    .persistent(crate::store::named_statements())
     .bind(stream)
     .bind(&dedupe)
     .bind(&micros)
@@ -50,6 +51,7 @@ pub async fn prune(
         "DELETE FROM producer_lookback_key
          WHERE stream = $1 AND ($2::bigint IS NULL OR cursor_micros < $2)",
     )
+    .persistent(crate::store::named_statements())
     .bind(stream)
     .bind(below_micros)
     .execute(&mut *conn)

@@ -12,6 +12,7 @@ pub const DEFAULT_CHANNEL: &str = "pubsub_outbox";
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn notify(conn: &mut PgConnection, channel: &str) -> Result<()> {
     sqlx::query("SELECT pg_notify($1, '')")
+        .persistent(crate::store::named_statements())
         .bind(channel)
         .execute(&mut *conn)
         .await

@@ -78,6 +78,7 @@ pub async fn enqueue_batch(
          ORDER BY n
          ON CONFLICT (dedupe_key) DO NOTHING",
     )
+    .persistent(crate::store::named_statements())
     .bind(&topics)
     .bind(&keys)
     .bind(&dedupe)
@@ -100,6 +101,7 @@ pub async fn delete_published(conn: &mut PgConnection, ids: &[i64]) -> Result<u6
         return Ok(0);
     }
     let r = sqlx::query("DELETE FROM pubsub_outbox WHERE id = ANY($1)")
+        .persistent(crate::store::named_statements())
         .bind(ids)
         .execute(&mut *conn)
         .await
@@ -127,6 +129,7 @@ pub async fn mark_published(
          FROM UNNEST($1::bigint[], $2::text[]) AS p(id, mid)
          WHERE o.id = p.id",
     )
+    .persistent(crate::store::named_statements())
     .bind(&ids)
     .bind(&message_ids)
     .bind(now)
@@ -165,6 +168,7 @@ pub async fn schedule_retries(conn: &mut PgConnection, retries: &[Retry]) -> Res
          FROM UNNEST($1::bigint[], $2::int[], $3::timestamptz[], $4::text[]) AS r(id, attempts, due, err)
          WHERE o.id = r.id",
     )
+    .persistent(crate::store::named_statements())
     .bind(&ids)
     .bind(&attempts)
     .bind(&due)
@@ -192,6 +196,7 @@ pub async fn purge_published(
              LIMIT $2
              FOR UPDATE SKIP LOCKED))",
     )
+    .persistent(crate::store::named_statements())
     .bind(before)
     .bind(limit)
     .execute(&mut *conn)
@@ -231,6 +236,7 @@ pub async fn backlog(conn: &mut PgConnection, now: DateTime<Utc>, cap: i64) -> R
                       ORDER BY id LIMIT 100000) k
                   WHERE published_at IS NULL AND ordering_key IS NOT NULL AND next_attempt_at <= $1)",
         )
+    .persistent(crate::store::named_statements())
         .bind(now)
         .bind(cap)
         .fetch_one(&mut *conn)
@@ -261,6 +267,7 @@ pub async fn pending_topic(
          WHERE published_at IS NULL AND ($1::text[] IS NULL OR topic = ANY($1))
          LIMIT 1",
     )
+    .persistent(crate::store::named_statements())
     .bind(topics)
     .fetch_optional(&mut *conn)
     .await
@@ -294,6 +301,7 @@ pub async fn backlog_by_topic(
                LIMIT $3) s
          GROUP BY topic",
     )
+    .persistent(crate::store::named_statements())
     .bind(now)
     .bind(topics)
     .bind(cap)
@@ -327,6 +335,7 @@ pub async fn get(conn: &mut PgConnection, id: i64) -> Result<Option<OutboxRow>> 
                 published_at, pubsub_message_id, last_error, next_attempt_at
          FROM pubsub_outbox WHERE id = $1",
     )
+    .persistent(crate::store::named_statements())
     .bind(id)
     .fetch_optional(&mut *conn)
     .await

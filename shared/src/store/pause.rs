@@ -34,6 +34,7 @@ pub async fn pause(
          VALUES ($1, COALESCE($2, session_user), $3)
          ON CONFLICT (topic) DO NOTHING",
     )
+    .persistent(crate::store::named_statements())
     .bind(topic)
     .bind(actor)
     .bind(reason)
@@ -47,6 +48,7 @@ pub async fn pause(
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn resume(conn: &mut PgConnection, topic: &str) -> Result<bool> {
     let r = sqlx::query("DELETE FROM pubsub_outbox_paused_topic WHERE topic = $1")
+        .persistent(crate::store::named_statements())
         .bind(topic)
         .execute(&mut *conn)
         .await
@@ -60,6 +62,7 @@ pub async fn list(conn: &mut PgConnection) -> Result<Vec<PausedTopic>> {
     sqlx::query_as(
         "SELECT topic, paused_at, paused_by, reason FROM pubsub_outbox_paused_topic ORDER BY topic",
     )
+    .persistent(crate::store::named_statements())
     .fetch_all(&mut *conn)
     .await
     .context("listing pubsub_outbox_paused_topic")
@@ -69,6 +72,7 @@ pub async fn list(conn: &mut PgConnection) -> Result<Vec<PausedTopic>> {
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn topics(conn: &mut PgConnection) -> Result<Vec<String>> {
     sqlx::query_scalar("SELECT topic FROM pubsub_outbox_paused_topic")
+        .persistent(crate::store::named_statements())
         .fetch_all(&mut *conn)
         .await
         .context("reading the paused topics")

@@ -43,6 +43,7 @@ pub async fn heartbeat(conn: &mut PgConnection, r: &Replica) -> Result<()> {
              breaker_open = EXCLUDED.breaker_open, batches_in_flight = EXCLUDED.batches_in_flight,
              rows_in_flight = EXCLUDED.rows_in_flight",
     )
+    .persistent(crate::store::named_statements())
     .bind(&r.replica_id)
     .bind(&r.hostname)
     .bind(r.pid)
@@ -70,6 +71,7 @@ pub async fn remove(
         "DELETE FROM pubsub_outbox_replica
          WHERE replica_id = $1 OR heartbeat_at < now() - make_interval(secs => $2)",
     )
+    .persistent(crate::store::named_statements())
     .bind(replica_id)
     .bind(forget_after_secs as f64)
     .execute(&mut *conn)
@@ -82,6 +84,7 @@ pub async fn remove(
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn list(conn: &mut PgConnection) -> Result<(DateTime<Utc>, Vec<Replica>)> {
     let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .persistent(crate::store::named_statements())
         .fetch_one(&mut *conn)
         .await
         .context("reading the server clock")?;
@@ -90,6 +93,7 @@ pub async fn list(conn: &mut PgConnection) -> Result<(DateTime<Utc>, Vec<Replica
                 batches_in_flight, rows_in_flight
          FROM pubsub_outbox_replica ORDER BY heartbeat_at DESC",
     )
+    .persistent(crate::store::named_statements())
     .fetch_all(&mut *conn)
     .await
     .context("listing pubsub_outbox_replica")?;

@@ -55,6 +55,7 @@ pub async fn start(
         "INSERT INTO producer_run (stream, executor, window_from_micros, window_from_key)
          VALUES ($1, $2, $3, $4) RETURNING id",
     )
+    .persistent(crate::store::named_statements())
     .bind(stream)
     .bind(executor)
     .bind(from.map(|c| c.micros))
@@ -80,6 +81,7 @@ pub async fn record_chunk(
              window_to_key = COALESCE($7, window_to_key)
          WHERE id = $1",
     )
+    .persistent(crate::store::named_statements())
     .bind(run_id)
     .bind(counts.fetched)
     .bind(counts.enqueued)
@@ -107,6 +109,7 @@ pub async fn finish(
                 error = $4, finished_at = now()
          WHERE id = $1",
     )
+    .persistent(crate::store::named_statements())
     .bind(run_id)
     .bind(outcome.as_str())
     .bind(bytes_processed)
@@ -132,6 +135,7 @@ pub async fn abandon_running(
          WHERE stream = $1 AND outcome = 'running'
          RETURNING id",
     )
+    .persistent(crate::store::named_statements())
     .bind(stream)
     .bind(reason)
     .fetch_all(&mut *conn)
@@ -177,6 +181,7 @@ pub async fn recent(conn: &mut PgConnection, stream: &str, limit: i64) -> Result
     sqlx::query_as(&format!(
         "SELECT {RUN_COLUMNS} FROM producer_run WHERE stream = $1 ORDER BY id DESC LIMIT $2"
     ))
+    .persistent(crate::store::named_statements())
     .bind(stream)
     .bind(limit)
     .fetch_all(&mut *conn)
@@ -193,6 +198,7 @@ pub async fn recent_per_stream(conn: &mut PgConnection, limit: i64) -> Result<Ve
              FROM producer_run) r
          WHERE n <= $1 ORDER BY stream, id DESC"
     ))
+    .persistent(crate::store::named_statements())
     .bind(limit)
     .fetch_all(&mut *conn)
     .await

@@ -68,6 +68,7 @@ pub async fn topics(conn: &mut PgConnection, now: DateTime<Utc>) -> Result<Vec<T
          FROM t LEFT JOIN q USING (topic) LEFT JOIN d USING (topic)
          ORDER BY t.topic",
     )
+    .persistent(crate::store::named_statements())
     .bind(now)
     .fetch_all(&mut *conn)
     .await
@@ -103,6 +104,7 @@ pub async fn blocked_keys(
          GROUP BY d.topic, d.ordering_key
          ORDER BY d.topic, d.ordering_key",
     )
+    .persistent(crate::store::named_statements())
     .bind(skip_topics)
     .fetch_all(&mut *conn)
     .await
@@ -145,6 +147,7 @@ pub async fn streams(conn: &mut PgConnection) -> Result<Vec<StreamState>> {
                             ORDER BY p.started_at DESC LIMIT 1) r ON true
          ORDER BY w.stream",
     )
+    .persistent(crate::store::named_statements())
     .fetch_all(&mut *conn)
     .await
     .context("reading the producer streams")
@@ -182,6 +185,7 @@ pub async fn long_transactions(
            AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) AND pid <> pg_backend_pid()
          ORDER BY xact_start",
     )
+    .persistent(crate::store::named_statements())
     .bind(older_than_secs)
     .fetch_all(&mut *conn)
     .await
@@ -210,6 +214,7 @@ pub async fn outbox_table(conn: &mut PgConnection) -> Result<TableHealth> {
                 GREATEST(last_vacuum, last_autovacuum) AS last_vacuum
          FROM pg_stat_user_tables WHERE relname = 'pubsub_outbox'",
     )
+    .persistent(crate::store::named_statements())
     .fetch_one(&mut *conn)
     .await
     .context("reading pubsub_outbox statistics")

@@ -48,6 +48,7 @@ pub async fn list(conn: &mut PgConnection) -> Result<Vec<Watermark>> {
         "SELECT stream, cursor_micros, cursor_key, updated_at, run_id
          FROM producer_watermark ORDER BY stream",
     )
+    .persistent(crate::store::named_statements())
     .fetch_all(&mut *conn)
     .await
     .context("reading producer_watermark")?;
@@ -71,6 +72,7 @@ pub async fn get(conn: &mut PgConnection, stream: &str) -> Result<Option<Cursor>
     let row: Option<(i64, String)> = sqlx::query_as(
         "SELECT cursor_micros, cursor_key FROM producer_watermark WHERE stream = $1",
     )
+    .persistent(crate::store::named_statements())
     .bind(stream)
     .fetch_optional(&mut *conn)
     .await
@@ -89,6 +91,7 @@ pub async fn lock(conn: &mut PgConnection, stream: &str, wait: bool) -> Result<b
         "SELECT pg_try_advisory_lock(hashtextextended('producer:' || $1, 0))"
     };
     sqlx::query_scalar(sql)
+        .persistent(crate::store::named_statements())
         .bind(stream)
         .fetch_one(&mut *conn)
         .await
@@ -99,6 +102,7 @@ pub async fn lock(conn: &mut PgConnection, stream: &str, wait: bool) -> Result<b
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn unlock(conn: &mut PgConnection, stream: &str) -> Result<()> {
     sqlx::query("SELECT pg_advisory_unlock(hashtextextended('producer:' || $1, 0))")
+        .persistent(crate::store::named_statements())
         .bind(stream)
         .execute(&mut *conn)
         .await
@@ -126,6 +130,7 @@ pub async fn advance(
          WHERE w.cursor_micros <= EXCLUDED.cursor_micros
          RETURNING cursor_micros, cursor_key",
     )
+    .persistent(crate::store::named_statements())
     .bind(stream)
     .bind(to.micros)
     .bind(&to.key)
@@ -153,6 +158,7 @@ pub async fn rewind(conn: &mut PgConnection, stream: &str, to: &Cursor) -> Resul
            -- Back only (the caller compares the keys, which need the stream's key type).
            AND cursor_micros >= $2",
     )
+    .persistent(crate::store::named_statements())
     .bind(stream)
     .bind(to.micros)
     .bind(&to.key)

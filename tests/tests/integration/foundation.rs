@@ -117,6 +117,7 @@ async fn an_unreachable_database_fails_with_an_error_naming_the_url_and_what_to_
         url: format!("postgres://outbox:s3cret@127.0.0.1:{port}/outbox"),
         pool_size: 1,
         connect_timeout: Duration::from_millis(500),
+        pooler: outbox_runtime::db::Pooler::None,
     };
     let err = outbox_runtime::db::connect(&args, "test")
         .await

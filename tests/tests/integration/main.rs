@@ -10,6 +10,7 @@ mod operator;
 mod ordering;
 mod plans;
 mod poison;
+mod pooler;
 mod producer;
 mod producer_ops;
 mod recovery;

@@ -42,7 +42,8 @@ async fn ordered_claim_cost(db: &TestDb, planned: bool) -> (i64, usize) {
         .await
         .expect("a session of its own");
     let mut tx = if planned {
-        claim::begin(&pool)
+        claim::ClaimSession::new(std::time::Duration::from_secs(60))
+            .begin(&pool)
             .await
             .expect("begin a claim transaction")
     } else {

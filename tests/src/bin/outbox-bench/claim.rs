@@ -198,8 +198,9 @@ async fn claim_run(db: &Scratch, args: &ClaimArgs, protocol: Protocol) -> Result
 /// (where the publish happens).
 pub(crate) async fn drain_lock(pool: &PgPool, batch: i64) -> Result<u64> {
     let mut deleted = 0;
+    let session = claim::ClaimSession::new(std::time::Duration::from_secs(60));
     loop {
-        let mut tx = claim::begin(pool).await?;
+        let mut tx = session.begin(pool).await?;
         let filter = ClaimFilter {
             now: Utc::now(),
             limit: batch,
