@@ -77,6 +77,9 @@ enum Command {
     Ceiling(pipeline::CeilingArgs),
     /// The real dispatcher binary through a proxy adding latency: 1/4 workers, 1/3 processes.
     RoundTrip(pipeline::RoundTripArgs),
+    /// Scale-out: 1, 2 and 3 dispatcher processes (4 workers each) through the latency proxy,
+    /// same rows, same rounds: do replicas add up? (`--latency 10ms` is 20 ms per round trip.)
+    Scale(pipeline::RoundTripArgs),
     /// Commit -> publish latency at a steady rate of single-row transactions (NOTIFY, poll-only).
     Latency(pipeline::LatencyArgs),
     /// The real dispatcher binary's resident memory idle and draining.
@@ -106,7 +109,9 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Dispatch(a) => a.workers,
         Command::Inbox(a) => a.workers,
         Command::Ceiling(a) => a.workers,
-        Command::RoundTrip(_) | Command::Latency(_) | Command::Resources(_) => 4,
+        Command::RoundTrip(_) | Command::Scale(_) | Command::Latency(_) | Command::Resources(_) => {
+            4
+        }
         Command::Peer(a) => a.workers,
         Command::Enqueue(_) => 1,
     };
@@ -117,7 +122,17 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Dispatch(a) => dispatch::dispatch_bench(&db, a).await,
         Command::Inbox(a) => interruptible(inbox::inbox_bench(&db, a)).await,
         Command::Ceiling(a) => interruptible(pipeline::ceiling_bench(&db, a)).await,
-        Command::RoundTrip(a) => interruptible(pipeline::round_trip_bench(&db, a)).await,
+        Command::RoundTrip(a) => {
+            interruptible(pipeline::round_trip_bench(
+                &db,
+                a,
+                pipeline::ROUND_TRIP_SHAPES,
+            ))
+            .await
+        }
+        Command::Scale(a) => {
+            interruptible(pipeline::round_trip_bench(&db, a, pipeline::SCALE_SHAPES)).await
+        }
         Command::Latency(a) => interruptible(pipeline::latency_bench(&db, a)).await,
         Command::Resources(a) => interruptible(pipeline::resources_bench(&db, a)).await,
         Command::Peer(a) => interruptible(peer::peer_bench(&db, a)).await,

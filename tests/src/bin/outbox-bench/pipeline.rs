@@ -453,12 +453,24 @@ fn cpu_split(us: &[f64; 3]) -> String {
     format!("{:.1} / {:.1} / {:.1}", us[0], us[1], us[2])
 }
 
-pub async fn round_trip_bench(db: &Scratch, args: &RoundTripArgs) -> Result<()> {
+/// `round-trip`'s (processes, workers per process): what one process gains from workers, and
+/// what processes add.
+pub const ROUND_TRIP_SHAPES: &[(usize, usize)] = &[(1, 1), (1, 4), (3, 1), (3, 4)];
+/// `scale`'s: 1, 2, 3 replicas of the default 4 workers.
+pub const SCALE_SHAPES: &[(usize, usize)] = &[(1, 4), (2, 4), (3, 4)];
+
+/// The real binary through the latency proxy, for each shape (processes x workers) in turn,
+/// round after round; ratios are to the first shape.
+pub async fn round_trip_bench(
+    db: &Scratch,
+    args: &RoundTripArgs,
+    shapes: &[(usize, usize)],
+) -> Result<()> {
     let contenders = args.common.contenders()?;
     BenchTopic::around(&args.common, "round-trip", async |topic: &str| {
         let proxy = harness::proxy::TcpProxy::start(&args.common.pubsub_emulator_host).await;
         proxy.set_delay(args.latency);
-        round_trip_rounds(db, args, &contenders, topic, &proxy).await
+        round_trip_rounds(db, args, &contenders, topic, &proxy, shapes).await
     })
     .await
 }
@@ -469,13 +481,13 @@ async fn round_trip_rounds(
     contenders: &[Contender],
     topic: &str,
     proxy: &harness::proxy::TcpProxy,
+    shapes: &[(usize, usize)],
 ) -> Result<()> {
-    const SHAPES: [(usize, usize); 4] = [(1, 1), (1, 4), (3, 1), (3, 4)];
     // (contender, shape) -> (rate, most in flight) per round
     let mut results: HashMap<(String, usize), Vec<(f64, u64)>> = HashMap::new();
     for round in 1..=args.rounds {
         for contender in contenders {
-            for (i, (procs, workers)) in SHAPES.iter().enumerate() {
+            for (i, (procs, workers)) in shapes.iter().enumerate() {
                 db.refill(args.rows, args.common.payload_bytes, Keys(None), topic)
                     .await?;
                 proxy.reset_max_requests_in_flight();
@@ -508,12 +520,13 @@ async fn round_trip_rounds(
         args.rows, args.latency, args.rounds
     );
     println!(
-        "| dispatcher | processes x workers | median msgs/s | min | max | most requests in flight | ratio to 1 x 1 (per round, median) |"
+        "| dispatcher | processes x workers | median msgs/s | min | max | most requests in flight | ratio to {} x {} (per round, median) |",
+        shapes[0].0, shapes[0].1
     );
     println!("|---|---|---|---|---|---|---|");
     for contender in contenders {
         let base = &results[&(contender.label.clone(), 0)];
-        for (i, (procs, workers)) in SHAPES.iter().enumerate() {
+        for (i, (procs, workers)) in shapes.iter().enumerate() {
             let runs = &results[&(contender.label.clone(), i)];
             let s = summary(runs.iter().map(|r| r.0));
             let ratio = summary(runs.iter().zip(base).map(|(r, b)| r.0 / b.0));
