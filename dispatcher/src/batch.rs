@@ -71,8 +71,12 @@ pub(crate) async fn run_batch<P: Publish>(
     d: &Dispatch<P>,
     now: DateTime<Utc>,
 ) -> Result<BatchOutcome, DispatcherError> {
+    let claim_started = Instant::now();
     let mut tx = d.claim_session.begin(&d.pool).await?;
     let claimed = claim(d, &mut tx, now).await?;
+    d.metrics
+        .claim_seconds
+        .observe(claim_started.elapsed().as_secs_f64());
     if claimed.is_empty() {
         // Nothing locked, nothing written: ending the transaction either way is the same.
         let _ = tx.rollback().await;

@@ -39,12 +39,17 @@ pub struct Metrics {
     pub batch_size: Histogram,
     /// Seconds one batch publish took.
     pub publish_seconds: Histogram,
+    /// Seconds one claim took (its `BEGIN` and claim statements; empty claims included).
+    pub claim_seconds: Histogram,
     /// Seconds from enqueue to publish.
     pub lag_seconds: Histogram,
     /// Unpublished rows per topic (of the topics this replica serves; capped count).
     pub backlog: Family<Labels, Gauge>,
     /// Age in seconds of the oldest row due now, per topic.
     pub oldest_due_age_seconds: Family<Labels, Gauge<f64, AtomicU64>>,
+    /// Age in seconds of the oldest row a claim could take now (due, topic not paused, key not
+    /// blocked by a dead letter), per topic: the autoscaling signal.
+    pub claimable_age_seconds: Family<Labels, Gauge<f64, AtomicU64>>,
     /// Dead letters per topic and kind.
     pub dead_letters: Family<Labels, Gauge>,
     /// 1 per paused topic.
@@ -55,6 +60,8 @@ pub struct Metrics {
     pub breaker_open: Gauge,
     /// Ordering keys held back by a dead-lettered message (an operator must act).
     pub blocked_keys: Gauge,
+    /// The fraction of publishes failed on purpose (`--inject-failure-rate`; 0 in production).
+    pub fault_injection_rate: Gauge<f64, AtomicU64>,
 }
 
 impl Metrics {
@@ -71,14 +78,17 @@ impl Metrics {
             isolation_publishes: Counter::default(),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
             publish_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            claim_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             lag_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 20)),
             backlog: Family::default(),
             oldest_due_age_seconds: Family::default(),
+            claimable_age_seconds: Family::default(),
             dead_letters: Family::default(),
             paused: Family::default(),
             pool_connections: Family::default(),
             breaker_open: Gauge::default(),
             blocked_keys: Gauge::default(),
+            fault_injection_rate: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("outbox");
         r.register(
@@ -132,6 +142,11 @@ impl Metrics {
             m.publish_seconds.clone(),
         );
         r.register(
+            "claim_duration_seconds",
+            "Seconds one claim took (BEGIN and the claim statements, empty claims included)",
+            m.claim_seconds.clone(),
+        );
+        r.register(
             "end_to_end_lag_seconds",
             "Seconds from enqueue to publish",
             m.lag_seconds.clone(),
@@ -167,6 +182,11 @@ impl Metrics {
             m.oldest_due_age_seconds.clone(),
         );
         r.register(
+            "claimable_age_seconds",
+            "Age of the oldest outbox row a claim could take now (due, topic not paused, key not blocked), per topic",
+            m.claimable_age_seconds.clone(),
+        );
+        r.register(
             "breaker_open",
             "1 while claiming is paused because Pub/Sub is unreachable",
             m.breaker_open.clone(),
@@ -179,6 +199,11 @@ impl Metrics {
         for kind in ["permanent", "exhausted"] {
             m.dead_letter(kind, 0);
         }
+        r.register(
+            "fault_injection_rate",
+            "Fraction of publishes this replica fails on purpose (--inject-failure-rate; 0 in production)",
+            m.fault_injection_rate.clone(),
+        );
         r.register(
             "blocked_ordering_keys",
             "Ordering keys held back by a dead-lettered message: replay or discard it",

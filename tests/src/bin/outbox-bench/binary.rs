@@ -129,20 +129,23 @@ impl DispatcherProcess {
         Ok(self.metric("outbox_published_total").await? as u64)
     }
 
-    /// A metric's value summed over its label sets (0 when absent).
-    pub async fn metric(&self, name: &str) -> Result<f64> {
+    /// The `/metrics` page.
+    pub async fn metrics_text(&self) -> Result<String> {
         let (status, body) = get(&self.addr, "/metrics").await?;
         if status != 200 {
             bail!("/metrics answered {status}");
         }
-        Ok(body
-            .lines()
-            .filter(|l| {
-                l.strip_prefix(name)
-                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>())
+        Ok(body)
+    }
+
+    /// A metric's value summed over its label sets (0 when absent).
+    pub async fn metric(&self, name: &str) -> Result<f64> {
+        Ok(metric_sum(&self.metrics_text().await?, name))
+    }
+
+    /// Whether it is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
     /// Resident memory now and at its peak, in MiB (VmRSS, VmHWM).
@@ -188,6 +191,17 @@ impl DispatcherProcess {
             }
         }
     }
+}
+
+/// The sum of metric `name`'s values over its label sets in a `/metrics` page (0 when absent).
+pub fn metric_sum(page: &str, name: &str) -> f64 {
+    page.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>()
 }
 
 /// CPU seconds of process `pid` (utime + stime from /proc/<pid>/stat; clock ticks of 1/100 s).
@@ -243,7 +257,7 @@ pub async fn drain(procs: &[DispatcherProcess], n: u64, limit: Duration) -> Resu
     let cpu = |procs: &[DispatcherProcess]| {
         let (pg, emu) = service_cpu_seconds();
         let own: f64 = procs.iter().map(DispatcherProcess::cpu_seconds).sum();
-        [own, pg, emu]
+        [own, pg, emu, cpu_seconds(std::process::id())]
     };
     let before = cpu(procs);
     loop {
@@ -273,6 +287,7 @@ pub async fn drain(procs: &[DispatcherProcess], n: u64, limit: Duration) -> Resu
                 rate: (n - c0.min(n)) as f64 / secs.max(1e-3),
                 peak_mb,
                 cpu_us: [per_message(0), per_message(1), per_message(2)],
+                bench_us: per_message(3),
             });
         }
         if started.elapsed() > limit {
@@ -296,6 +311,17 @@ pub struct Drained {
     /// CPU µs per message of the dispatcher(s), PostgreSQL and the emulator, over the whole run
     /// (start-up included, a few ms).
     pub cpu_us: [f64; 3],
+    /// CPU µs per message of this bench process (the latency proxy, when one runs, copies every
+    /// byte in it).
+    pub bench_us: f64,
+}
+
+impl Drained {
+    /// Cores the whole pipeline kept busy during the drain (dispatchers, PostgreSQL, the
+    /// emulator and this process).
+    pub fn cores(&self) -> f64 {
+        (self.cpu_us.iter().sum::<f64>() + self.bench_us) * self.rate / 1e6
+    }
 }
 
 /// `GET path` over HTTP/1.0 on loopback; (status, body).

@@ -13,6 +13,9 @@
 //!   the pipeline ceiling, through added latency, commit -> publish percentiles at a steady
 //!   rate, and its memory (module `pipeline`, the process handling in `binary`).
 //!
+//! - `soak`: steady load for a long time with a snapshot held in the middle, sampled every 10 s
+//!   (module `soak`): the claim's cost, latency, the table's size and dead tuples over time.
+//!
 //! - `peer`: side by side on the same server, interleaved: our DB-only drain (the dispatcher's
 //!   lock protocol), a naive one-row-per-transaction loop and Graphile Worker (npm, run from
 //!   `tests/bench/graphile/drain.js`; `npm ci --prefix tests/bench/graphile` first); ratios per round.
@@ -34,6 +37,7 @@ mod peer;
 mod pipeline;
 mod report;
 mod scratch;
+mod soak;
 
 use std::process::ExitCode;
 
@@ -84,6 +88,9 @@ enum Command {
     Latency(pipeline::LatencyArgs),
     /// The real dispatcher binary's resident memory idle and draining.
     Resources(pipeline::ResourcesArgs),
+    /// Steady load for an hour (or 170 s with --short) through 2 dispatcher processes, a
+    /// REPEATABLE READ snapshot held in the middle; samples every 10 s, a plot, the verdict.
+    Soak(soak::SoakArgs),
     /// Our DB-only drain against a one-row-per-transaction loop and Graphile Worker, interleaved.
     Peer(peer::PeerArgs),
     /// enqueue_batch (INSERT … SELECT FROM UNNEST) against binary COPY of the same rows.
@@ -109,9 +116,11 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Dispatch(a) => a.workers,
         Command::Inbox(a) => a.workers,
         Command::Ceiling(a) => a.workers,
-        Command::RoundTrip(_) | Command::Scale(_) | Command::Latency(_) | Command::Resources(_) => {
-            4
-        }
+        Command::RoundTrip(_)
+        | Command::Scale(_)
+        | Command::Latency(_)
+        | Command::Resources(_)
+        | Command::Soak(_) => 4,
         Command::Peer(a) => a.workers,
         Command::Enqueue(_) => 1,
     };
@@ -135,6 +144,7 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Command::Latency(a) => interruptible(pipeline::latency_bench(&db, a)).await,
         Command::Resources(a) => interruptible(pipeline::resources_bench(&db, a)).await,
+        Command::Soak(a) => interruptible(soak::soak_bench(&db, a)).await,
         Command::Peer(a) => interruptible(peer::peer_bench(&db, a)).await,
         Command::Enqueue(a) => interruptible(enqueue::enqueue_bench(&db, a)).await,
     };

@@ -483,8 +483,9 @@ async fn round_trip_rounds(
     proxy: &harness::proxy::TcpProxy,
     shapes: &[(usize, usize)],
 ) -> Result<()> {
-    // (contender, shape) -> (rate, most in flight) per round
-    let mut results: HashMap<(String, usize), Vec<(f64, u64)>> = HashMap::new();
+    // (contender, shape) -> (rate, most in flight, CPU µs/msg split, bench µs/msg, cores) per round
+    type Run = (f64, u64, [f64; 3], f64, f64);
+    let mut results: HashMap<(String, usize), Vec<Run>> = HashMap::new();
     for round in 1..=args.rounds {
         for contender in contenders {
             for (i, (procs, workers)) in shapes.iter().enumerate() {
@@ -502,16 +503,19 @@ async fn round_trip_rounds(
                 .await?;
                 let in_flight = proxy.max_requests_in_flight();
                 println!(
-                    "round-trip round {round}/{}: {} {procs} process(es) x {workers} worker(s): {:.0} msgs/s, at most {in_flight} requests in flight; load {}",
+                    "round-trip round {round}/{}: {} {procs} process(es) x {workers} worker(s): {:.0} msgs/s, at most {in_flight} requests in flight; CPU µs/msg dispatchers / PostgreSQL / emulator / bench+proxy {} / {:.1} = {:.2} cores; load {}",
                     args.rounds,
                     contender.label,
                     d.rate,
+                    cpu_split(&d.cpu_us),
+                    d.bench_us,
+                    d.cores(),
                     load_average()
                 );
                 results
                     .entry((contender.label.clone(), i))
                     .or_default()
-                    .push((d.rate, in_flight));
+                    .push((d.rate, in_flight, d.cpu_us, d.bench_us, d.cores()));
             }
         }
     }
@@ -520,24 +524,30 @@ async fn round_trip_rounds(
         args.rows, args.latency, args.rounds
     );
     println!(
-        "| dispatcher | processes x workers | median msgs/s | min | max | most requests in flight | ratio to {} x {} (per round, median) |",
+        "| dispatcher | processes x workers | median msgs/s | min | max | most requests in flight | ratio to {} x {} (per round, median) | CPU µs/msg: dispatchers / PostgreSQL / emulator / bench+proxy (medians) | cores busy (median) |",
         shapes[0].0, shapes[0].1
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for contender in contenders {
         let base = &results[&(contender.label.clone(), 0)];
         for (i, (procs, workers)) in shapes.iter().enumerate() {
             let runs = &results[&(contender.label.clone(), i)];
             let s = summary(runs.iter().map(|r| r.0));
             let ratio = summary(runs.iter().zip(base).map(|(r, b)| r.0 / b.0));
+            let part = |i: usize| summary(runs.iter().map(|r| r.2[i])).median;
             println!(
-                "| {} | {procs} x {workers} | {:.0} | {:.0} | {:.0} | {} | {:.2} |",
+                "| {} | {procs} x {workers} | {:.0} | {:.0} | {:.0} | {} | {:.2} | {:.1} / {:.1} / {:.1} / {:.1} | {:.2} |",
                 contender.label,
                 s.median,
                 s.min,
                 s.max,
                 runs.iter().map(|r| r.1).max().unwrap_or(0),
-                ratio.median
+                ratio.median,
+                part(0),
+                part(1),
+                part(2),
+                summary(runs.iter().map(|r| r.3)).median,
+                summary(runs.iter().map(|r| r.4)).median
             );
         }
     }
