@@ -62,6 +62,14 @@ impl<P: Publish> Dispatcher<P> {
         config.validate().map_err(DispatcherError::Config)?;
         let mut registry = Registry::default();
         let metrics = Arc::new(Metrics::register(&mut registry));
+        metrics.fault_injection_rate.set(config.faults.failure_rate);
+        if config.faults.failure_rate > 0.0 {
+            tracing::warn!(
+                rate = config.faults.failure_rate,
+                code = ?config.faults.failure_code,
+                "Fault injection is on: this fraction of publishes fails on purpose (--inject-failure-rate). Unset OUTBOX_INJECT_FAILURE_RATE outside a test."
+            );
+        }
         let dispatch = Arc::new(Dispatch::new(pool, Arc::new(publisher), &config, metrics));
         let (listener, local_addr) =
             health::bind(config.listen_addr)

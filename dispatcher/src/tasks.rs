@@ -16,7 +16,6 @@ use outbox_shared::store::replica::{self, Replica};
 use outbox_shared::store::{dead_letter, outbox, pause};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use std::sync::atomic::AtomicU64;
 
 use crate::breaker::Breaker;
 use crate::metrics::{Labels, Metrics};
@@ -136,7 +135,7 @@ pub(crate) async fn listen(
 }
 
 /// Refreshes the gauges every 10 s (per topic, only the topics this replica serves: backlog,
-/// oldest due age, dead letters, paused; blocked keys; pool connections), and logs progress once a
+/// oldest due age, claimable age, dead letters, paused; blocked keys; pool connections), and logs progress once a
 /// minute while there is traffic or a backlog.
 pub(crate) async fn sample_gauges(
     pool: PgPool,
@@ -162,23 +161,53 @@ pub(crate) async fn sample_gauges(
         match pool.begin().await {
             Ok(mut conn) => {
                 let topics = topics.as_deref();
-                match outbox::backlog_by_topic(&mut conn, Utc::now(), topics, BACKLOG_CAP).await {
+                // The paused topics first: the claimable age leaves their rows out.
+                let paused = match pause::list(&mut conn).await {
+                    Ok(paused) => {
+                        metrics.paused.clear();
+                        for p in paused
+                            .iter()
+                            .filter(|p| topics.is_none_or(|t| t.contains(&p.topic)))
+                        {
+                            metrics
+                                .paused
+                                .get_or_create(&vec![("topic", p.topic.clone())])
+                                .set(1);
+                        }
+                        paused.into_iter().map(|p| p.topic).collect()
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Reading the paused topics failed.");
+                        Vec::new()
+                    }
+                };
+                let query = outbox::BacklogQuery {
+                    now: Utc::now(),
+                    topics,
+                    paused: &paused,
+                    skip_dead_letter_topics: &skip_topics,
+                    cap: BACKLOG_CAP,
+                };
+                match outbox::backlog_by_topic(&mut conn, &query).await {
                     Ok(b) => {
                         let labels = |t: &str| vec![("topic", t.to_owned())];
-                        seen.reset(&metrics.backlog, b.iter().map(|t| labels(&t.topic)));
-                        seen.reset_f64(
-                            &metrics.oldest_due_age_seconds,
-                            b.iter().map(|t| labels(&t.topic)),
-                        );
+                        let now: Vec<Labels> = b.iter().map(|t| labels(&t.topic)).collect();
+                        seen.zero_gone(&now, |gone| {
+                            metrics.backlog.get_or_create(gone).set(0);
+                            metrics.oldest_due_age_seconds.get_or_create(gone).set(0.0);
+                            metrics.claimable_age_seconds.get_or_create(gone).set(0.0);
+                        });
                         for t in &b {
-                            metrics
-                                .backlog
-                                .get_or_create(&labels(&t.topic))
-                                .set(t.pending);
+                            let l = labels(&t.topic);
+                            metrics.backlog.get_or_create(&l).set(t.pending);
                             metrics
                                 .oldest_due_age_seconds
-                                .get_or_create(&labels(&t.topic))
+                                .get_or_create(&l)
                                 .set(t.oldest_due_age_secs);
+                            metrics
+                                .claimable_age_seconds
+                                .get_or_create(&l)
+                                .set(t.claimable_age_secs);
                         }
                         progress.log(&metrics, &b);
                     }
@@ -199,21 +228,6 @@ pub(crate) async fn sample_gauges(
                     }
                     Err(e) => tracing::warn!(error = %e, "Counting the dead letters failed."),
                 }
-                match pause::list(&mut conn).await {
-                    Ok(paused) => {
-                        metrics.paused.clear();
-                        for p in paused
-                            .iter()
-                            .filter(|p| topics.is_none_or(|t| t.contains(&p.topic)))
-                        {
-                            metrics
-                                .paused
-                                .get_or_create(&vec![("topic", p.topic.clone())])
-                                .set(1);
-                        }
-                    }
-                    Err(e) => tracing::warn!(error = %e, "Reading the paused topics failed."),
-                }
                 match dead_letter::blocked_keys(&mut conn, &skip_topics).await {
                     Ok(n) => {
                         metrics.blocked_keys.set(n);
@@ -231,34 +245,21 @@ pub(crate) async fn sample_gauges(
     }
 }
 
-/// Label sets a gauge family had at the last sample: those gone since are set to 0, so a drained
-/// topic reads 0 instead of its last value.
+/// Label sets the gauge families had at the last sample: those gone since are set to 0, so a
+/// drained topic reads 0 instead of its last value.
 #[derive(Default)]
 struct Seen {
-    backlog: Vec<Labels>,
-    oldest: Vec<Labels>,
+    topics: Vec<Labels>,
     dead: Vec<Labels>,
 }
 
 impl Seen {
-    fn reset(&mut self, family: &Family<Labels, Gauge>, now: impl Iterator<Item = Labels>) {
-        let now: Vec<Labels> = now.collect();
-        for gone in self.backlog.iter().filter(|l| !now.contains(l)) {
-            family.get_or_create(gone).set(0);
+    /// Calls `zero` for each topic label set seen last time and not now.
+    fn zero_gone(&mut self, now: &[Labels], mut zero: impl FnMut(&Labels)) {
+        for gone in self.topics.iter().filter(|l| !now.contains(l)) {
+            zero(gone);
         }
-        self.backlog = now;
-    }
-
-    fn reset_f64(
-        &mut self,
-        family: &Family<Labels, Gauge<f64, AtomicU64>>,
-        now: impl Iterator<Item = Labels>,
-    ) {
-        let now: Vec<Labels> = now.collect();
-        for gone in self.oldest.iter().filter(|l| !now.contains(l)) {
-            family.get_or_create(gone).set(0.0);
-        }
-        self.oldest = now;
+        self.topics = now.to_vec();
     }
 
     fn reset_dead(&mut self, family: &Family<Labels, Gauge>, now: impl Iterator<Item = Labels>) {

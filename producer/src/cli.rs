@@ -203,6 +203,12 @@ pub struct JobArgs {
     #[arg(long, env = "OUTBOX_PRODUCER_PROGRESS_INTERVAL", default_value = "10s",
           value_parser = humantime::parse_duration)]
     pub progress_interval: Duration,
+    /// A sidecar to stop when the run ends, however it ends (success, failure, a signal): the
+    /// producer POSTs to this URL once as it exits. On Cloud Run, the Cloud SQL Auth Proxy's
+    /// http://127.0.0.1:9091/quitquitquit (started with --quitquitquit --admin-port=9091), so
+    /// the task ends with the producer. Unset: nothing is called.
+    #[arg(long, env = "OUTBOX_SIDECAR_QUIT_URL")]
+    pub sidecar_quit_url: Option<String>,
 }
 
 /// Where BigQuery is and how to reach it.

@@ -13,7 +13,8 @@
 //! - [`bigquery`]: the only code calling BigQuery: the [`bigquery::Api`] seam and the paging loop.
 //! - [`mapping`]: a result row → a message or a rejection; [`value`]: BigQuery cells → JSON;
 //!   [`decimal`]: exact NUMERIC and TIMESTAMP text; [`cursor`]: the typed stream position.
-//! - [`report`]: summaries, progress, exit code; [`errors`]: what failed and what to do.
+//! - [`report`]: summaries, progress, exit code; [`errors`]: what failed and what to do;
+//!   [`sidecar`]: the sidecar stopped when the run ends.
 //! - [`ops`]: the operator's commands (`streams`, `rewind`), beside the job: they read and move
 //!   watermarks through the store, never BigQuery.
 //!
@@ -38,6 +39,7 @@ mod reader;
 pub mod report;
 pub mod run;
 pub mod settings;
+pub mod sidecar;
 pub mod value;
 
 use outbox_runtime::shutdown::Shutdown;

@@ -4,7 +4,8 @@
 
 use std::process::ExitCode;
 
-use outbox_producer::{Cli, Command, RunArgs};
+use outbox_producer::sidecar::SidecarQuit;
+use outbox_producer::{Cli, Command, RunArgs, StartupError};
 use outbox_runtime::exit::fail;
 use outbox_runtime::telemetry::LogFormat;
 
@@ -19,7 +20,28 @@ async fn main() -> ExitCode {
     }
 }
 
+/// `producer run`, then the sidecar told to exit (once, whatever the outcome).
 async fn run(args: &RunArgs) -> ExitCode {
+    let sidecar = match args.job.sidecar_quit_url.as_deref().map(SidecarQuit::new) {
+        None => None,
+        Some(Ok(s)) => Some(s),
+        Some(Err(e)) => {
+            return fail(
+                args.telemetry.log_format,
+                "The producer could not start; fix the error and rerun",
+                &StartupError::Config(e),
+            )
+            .into();
+        }
+    };
+    let code = run_execution(args).await;
+    if let Some(s) = sidecar {
+        s.quit().await;
+    }
+    code
+}
+
+async fn run_execution(args: &RunArgs) -> ExitCode {
     let signals = outbox_runtime::shutdown::on_signals();
     let mut abort = signals.abort;
     let execution = tokio::select! {

@@ -55,6 +55,8 @@ impl Fault {
 struct State {
     faults: Mutex<VecDeque<Fault>>,
     served: Mutex<Vec<(u16, String)>>,
+    /// The `Authorization` header of every request ("" when it had none).
+    authorizations: Mutex<Vec<String>>,
 }
 
 /// A running fault injector; stops when dropped.
@@ -111,6 +113,15 @@ impl HttpFaults {
             .unwrap_or_default()
     }
 
+    /// The `Authorization` header of every request so far, in order ("" when it had none).
+    pub fn authorizations(&self) -> Vec<String> {
+        self.state
+            .authorizations
+            .lock()
+            .map(|a| a.clone())
+            .unwrap_or_default()
+    }
+
     /// Faults queued but not answered yet.
     pub fn pending(&self) -> usize {
         self.state.faults.lock().map(|q| q.len()).unwrap_or(0)
@@ -126,6 +137,9 @@ impl Drop for HttpFaults {
 async fn serve(mut client: TcpStream, upstream: &str, state: &State) -> std::io::Result<()> {
     let (head, body) = read_request(&mut client).await?;
     let request_line = head.lines().next().unwrap_or_default().to_owned();
+    if let Ok(mut a) = state.authorizations.lock() {
+        a.push(header(&head, "authorization").unwrap_or_default());
+    }
     let fault = state.faults.lock().ok().and_then(|mut q| {
         let i = q.iter().position(|f| request_line.contains(&f.matching))?;
         q.remove(i)
@@ -160,8 +174,16 @@ async fn serve(mut client: TcpStream, upstream: &str, state: &State) -> std::io:
     client.shutdown().await
 }
 
+/// The value of header `name` (any case) in a request head.
+pub(crate) fn header(head: &str, name: &str) -> Option<String> {
+    head.lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.trim().to_owned())
+}
+
 /// Reads one request: its head (without the blank line) and its `Content-Length` body.
-async fn read_request(client: &mut TcpStream) -> std::io::Result<(String, Vec<u8>)> {
+pub(crate) async fn read_request(client: &mut TcpStream) -> std::io::Result<(String, Vec<u8>)> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
     let end = loop {

@@ -24,4 +24,5 @@ pub mod pgbouncer;
 pub mod process;
 pub mod proxy;
 pub mod pubsub;
+pub mod token_server;
 pub mod wait;

@@ -1,26 +1,22 @@
 //! Credentials for BigQuery calls: anonymous (emulators) or Application Default Credentials.
 //!
-//! One [`Authenticator`] (gcp-bigquery-client's trait) serves both the crate's client and the
-//! producer's own two REST calls ([`super::rest`]). ADC, in order: the file named by
-//! `GOOGLE_APPLICATION_CREDENTIALS` (a service account key or `authorized_user` credentials),
-//! gcloud's `application_default_credentials.json` (`gcloud auth application-default login`),
-//! else the metadata server (Cloud Run, GKE Workload Identity, GCE). Tokens come from
-//! `yup-oauth2`, the crate's own OAuth library (re-exported by it), which caches and refreshes them.
+//! One [`Authenticator`] (gcp-bigquery-client's trait, the crate's seam for credentials) serves
+//! both the crate's client and the producer's own two REST calls ([`super::rest`]). ADC comes from
+//! `google-cloud-auth`, the OAuth stack the dispatcher's Pub/Sub client uses, so both binaries
+//! accept the same credentials: the file named by `GOOGLE_APPLICATION_CREDENTIALS`, else gcloud's
+//! `application_default_credentials.json`, of any type gcloud writes (`service_account`,
+//! `authorized_user`, `impersonated_service_account` from
+//! `gcloud auth application-default login --impersonate-service-account`, `external_account`
+//! for Workload Identity Federation), else the metadata server (Cloud Run, GKE Workload
+//! Identity, GCE). It caches tokens and refreshes them before they expire.
 
 use std::future::Future;
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 
 use gcp_bigquery_client::auth::Authenticator;
 use gcp_bigquery_client::error::BQError;
-use gcp_bigquery_client::yup_oauth2::authenticator::{
-    ApplicationDefaultCredentialsTypes, DefaultAuthenticator,
-};
-use gcp_bigquery_client::yup_oauth2::{
-    self, ApplicationDefaultCredentialsAuthenticator, ApplicationDefaultCredentialsFlowOpts,
-    AuthorizedUserAuthenticator,
-};
+use google_cloud_auth::credentials::{AccessTokenCredentials, Builder};
 
 /// The OAuth scope of BigQuery jobs.
 const SCOPE: &str = "https://www.googleapis.com/auth/bigquery";
@@ -44,7 +40,7 @@ impl Authenticator for AnonymousAuthenticator {
 
 /// Application Default Credentials (see the module doc).
 #[derive(Clone)]
-struct AdcAuthenticator(DefaultAuthenticator);
+struct AdcAuthenticator(AccessTokenCredentials);
 
 impl Authenticator for AdcAuthenticator {
     fn access_token<'life0, 'async_trait>(&'life0 self) -> TokenFuture<'async_trait>
@@ -53,54 +49,27 @@ impl Authenticator for AdcAuthenticator {
         Self: 'async_trait,
     {
         Box::pin(async move {
-            let token = self.0.token(&[SCOPE]).await?;
-            token.token().map(str::to_owned).ok_or(BQError::NoToken)
+            // The crate's error type has no variant for another OAuth stack: carry the message.
+            self.0.access_token().await.map(|t| t.token).map_err(|e| {
+                BQError::InvalidApplicationDefaultCredentialsAuthenticator(std::io::Error::other(
+                    e.to_string(),
+                ))
+            })
         })
     }
 }
 
-/// Builds the ADC authenticator; the error says what was tried.
+/// Builds the ADC authenticator; the error says what was tried. No token is fetched here: the
+/// first call does (and says so when it fails).
 pub(crate) async fn application_default() -> Result<Arc<dyn Authenticator>, String> {
-    let file = std::env::var_os("GOOGLE_APPLICATION_CREDENTIALS")
-        .map(PathBuf::from)
-        .or_else(|| {
-            let home = std::env::var_os("HOME")?;
-            let path =
-                PathBuf::from(home).join(".config/gcloud/application_default_credentials.json");
-            path.exists().then_some(path)
-        });
-    if let Some(path) = &file
-        && is_authorized_user(path).await
-    {
-        let secret = yup_oauth2::read_authorized_user_secret(path)
-            .await
-            .map_err(|e| format!("reading {}: {e}", path.display()))?;
-        let auth = AuthorizedUserAuthenticator::builder(secret)
-            .build()
-            .await
-            .map_err(|e| format!("authorized_user credentials {}: {e}", path.display()))?;
-        return Ok(Arc::new(AdcAuthenticator(auth)));
-    }
-    let opts = ApplicationDefaultCredentialsFlowOpts::default();
-    let built = match ApplicationDefaultCredentialsAuthenticator::builder(opts).await {
-        ApplicationDefaultCredentialsTypes::ServiceAccount(b) => b.build().await,
-        ApplicationDefaultCredentialsTypes::InstanceMetadata(b) => b.build().await,
-    };
-    let auth = built.map_err(|e| format!("Application Default Credentials: {e}"))?;
-    Ok(Arc::new(AdcAuthenticator(auth)))
-}
-
-/// Whether `path` holds gcloud's `authorized_user` credentials (rather than a service account key).
-async fn is_authorized_user(path: &PathBuf) -> bool {
-    let Ok(text) = tokio::fs::read_to_string(path).await else {
-        return false;
-    };
-    serde_json::from_str::<serde_json::Value>(&text)
-        .ok()
-        .and_then(|v| {
-            v.get("type")
-                .and_then(|t| t.as_str())
-                .map(|t| t == "authorized_user")
-        })
-        .unwrap_or(false)
+    let credentials = Builder::default()
+        .with_scopes([SCOPE])
+        .build_access_token_credentials()
+        .map_err(|e| {
+            format!(
+                "Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, else gcloud's \
+                 application_default_credentials.json, else the metadata server): {e}"
+            )
+        })?;
+    Ok(Arc::new(AdcAuthenticator(credentials)))
 }

@@ -283,37 +283,65 @@ pub struct TopicBacklog {
     pub pending: i64,
     /// Age in seconds of the oldest row due now (0 when none is due).
     pub oldest_due_age_secs: f64,
+    /// Age in seconds of the oldest row a claim could take now (0 when none): due, its topic not
+    /// paused, and not behind a dead-lettered message of its ordering key (unless the topic
+    /// skips dead letters). What more dispatchers could publish: the autoscaling signal.
+    pub claimable_age_secs: f64,
 }
 
-/// Backlog per topic (only `topics` when given), reading at most `cap` unpublished rows.
+/// What [`backlog_by_topic`] reads.
+#[derive(Debug, Clone, Copy)]
+pub struct BacklogQuery<'a> {
+    /// The instant "due" is measured against.
+    pub now: DateTime<Utc>,
+    /// Only these topics (None: every topic).
+    pub topics: Option<&'a [String]>,
+    /// Paused topics: their rows wait by the operator's intent, and are not claimable.
+    pub paused: &'a [String],
+    /// Topics whose keys skip dead letters (their keyed rows are never blocked).
+    pub skip_dead_letter_topics: &'a [String],
+    /// Read at most this many unpublished rows.
+    pub cap: i64,
+}
+
+/// Backlog per topic (only `q.topics` when given), reading at most `q.cap` unpublished rows.
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn backlog_by_topic(
     conn: &mut PgConnection,
-    now: DateTime<Utc>,
-    topics: Option<&[String]>,
-    cap: i64,
+    q: &BacklogQuery<'_>,
 ) -> Result<Vec<TopicBacklog>> {
-    let rows: Vec<(String, i64, Option<f64>)> = sqlx::query_as(
+    // Blocked keys come from a hashed subplan over the dead letters (few rows), not a probe per
+    // outbox row.
+    let rows: Vec<(String, i64, Option<f64>, Option<f64>)> = sqlx::query_as(
         "SELECT topic, count(*),
-                EXTRACT(EPOCH FROM ($1 - min(created_at) FILTER (WHERE next_attempt_at <= $1)))::float8
-         FROM (SELECT topic, created_at, next_attempt_at FROM pubsub_outbox
+                EXTRACT(EPOCH FROM ($1 - min(created_at) FILTER (WHERE next_attempt_at <= $1)))::float8,
+                EXTRACT(EPOCH FROM ($1 - min(created_at) FILTER (
+                    WHERE next_attempt_at <= $1 AND NOT (topic = ANY($4))
+                      AND (ordering_key IS NULL OR topic = ANY($5)
+                           OR (topic, ordering_key) NOT IN (
+                               SELECT d.topic, d.ordering_key FROM pubsub_outbox_dead_letter d
+                               WHERE d.ordering_key IS NOT NULL)))))::float8
+         FROM (SELECT topic, ordering_key, created_at, next_attempt_at FROM pubsub_outbox
                WHERE published_at IS NULL AND ($2::text[] IS NULL OR topic = ANY($2))
                LIMIT $3) s
          GROUP BY topic",
     )
     .persistent(crate::store::named_statements())
-    .bind(now)
-    .bind(topics)
-    .bind(cap)
+    .bind(q.now)
+    .bind(q.topics)
+    .bind(q.cap)
+    .bind(q.paused)
+    .bind(q.skip_dead_letter_topics)
     .fetch_all(&mut *conn)
     .await
     .context("reading the pubsub_outbox backlog per topic")?;
     Ok(rows
         .into_iter()
-        .map(|(topic, pending, age)| TopicBacklog {
+        .map(|(topic, pending, age, claimable)| TopicBacklog {
             topic,
             pending,
             oldest_due_age_secs: age.unwrap_or(0.0).max(0.0),
+            claimable_age_secs: claimable.unwrap_or(0.0).max(0.0),
         })
         .collect())
 }

@@ -1,6 +1,8 @@
 //! The one integration-test binary: every test runs against real PostgreSQL, the Pub/Sub emulator
 //! and bqemulator (start them with `scripts/services up`).
 
+mod autoscaling;
+mod credentials;
 mod dispatcher;
 mod dispatcher_options;
 mod foundation;
@@ -15,4 +17,5 @@ mod producer;
 mod producer_ops;
 mod recovery;
 mod services;
+mod sidecar;
 mod throughput;
