@@ -38,6 +38,8 @@ resource "google_cloud_run_v2_job" "producer" {
         name  = "producer"
         image = var.producer_image
         args  = ["run"]
+        # Started once the proxy's startup probe passes (below), so the first connection finds it.
+        depends_on = ["cloud-sql-proxy"]
 
         resources {
           limits = {
@@ -80,6 +82,12 @@ resource "google_cloud_run_v2_job" "producer" {
           name  = "OUTBOX_PRODUCER_ON_OVERLAP"
           value = "skip"
         }
+        env {
+          # The task ends when its containers have exited: as it exits (success, failure or a
+          # signal) the producer tells the proxy sidecar to exit too (its --quitquitquit below).
+          name  = "OUTBOX_SIDECAR_QUIT_URL"
+          value = "http://127.0.0.1:9091/quitquitquit"
+        }
 
         volume_mounts {
           name       = "streams"
@@ -91,8 +99,9 @@ resource "google_cloud_run_v2_job" "producer" {
       # built-in connection cannot do automatic IAM database authentication (it needs a password),
       # and a token-as-password would need the producer to mint and refresh OAuth tokens itself.
       # The proxy logs in as the job's service account and presents the client certificate the
-      # instance requires. The producer retries its first connection (OUTBOX_DB_CONNECT_TIMEOUT),
-      # which covers the proxy's start.
+      # instance requires. The producer starts after the proxy's startup probe passes (its
+      # /startup answers 200 once the proxy is ready), and still retries its first connection
+      # (OUTBOX_DB_CONNECT_TIMEOUT); it stops the proxy as it exits (OUTBOX_SIDECAR_QUIT_URL).
       containers {
         name  = "cloud-sql-proxy"
         image = var.cloud_sql_proxy_image
@@ -103,12 +112,25 @@ resource "google_cloud_run_v2_job" "producer" {
           "--port=5432",
           "--structured-logs",
           "--exit-zero-on-sigterm",
-          # POST http://127.0.0.1:9091/quitquitquit stops the proxy (see deploy/README.md: how a
-          # task with a sidecar ends).
+          # POST http://127.0.0.1:9091/quitquitquit stops the proxy; the producer calls it as it
+          # exits (see deploy/README.md: how a task with a sidecar ends).
           "--quitquitquit",
           "--admin-port=9091",
+          # /startup, /readiness, /liveness on 9090, for the startup probe below.
+          "--health-check",
+          "--http-address=0.0.0.0",
+          "--http-port=9090",
           google_sql_database_instance.outbox.connection_name,
         ]
+        startup_probe {
+          http_get {
+            path = "/startup"
+            port = 9090
+          }
+          period_seconds    = 1
+          timeout_seconds   = 1
+          failure_threshold = 60
+        }
         resources {
           limits = {
             cpu    = "1"
@@ -123,11 +145,27 @@ resource "google_cloud_run_v2_job" "producer" {
           secret       = google_secret_manager_secret.producer_streams.secret_id
           default_mode = 292 # 0444
           items {
-            version = "latest"
+            # The version this apply wrote, not "latest": a changed streams file is a change of
+            # the job, seen in the plan, and an execution never reads a version newer than its
+            # template.
+            version = google_secret_manager_secret_version.producer_streams.version
             path    = "streams.toml"
           }
         }
       }
+    }
+  }
+
+  lifecycle {
+    # A timeout at or above the schedule's interval lets executions pile up: refuse the plan
+    # (a check block would only warn). Only "*/N * * * *" schedules are compared (try: any other
+    # form passes).
+    precondition {
+      condition = try(
+        tonumber(trimsuffix(var.producer_timeout, "s")) < 60 * tonumber(regex("^\\*/([0-9]+) ", var.producer_schedule)[0]),
+        true,
+      )
+      error_message = "producer_timeout must be shorter than the producer_schedule interval."
     }
   }
 

@@ -1,5 +1,6 @@
-# Cloud Monitoring alert for the producer, which exports no Prometheus metrics (a batch job cannot
-# be scraped). The dispatcher's alerts are Prometheus rules (deploy/k8s/alerts.yaml).
+# Cloud Monitoring alerts for the producer, which exports no Prometheus metrics (a batch job cannot
+# be scraped), and for the Cloud SQL instance under the outbox (a queue table's main failure
+# modes). The dispatcher's alerts are Prometheus rules (deploy/k8s/alerts.yaml).
 
 # Any failed execution: a task exhausted its retries (exit 1: a stream failed, the next tick
 # resumes from its watermark) or the configuration is invalid (exit 2: every tick fails until it
@@ -63,6 +64,92 @@ resource "google_monitoring_alert_policy" "producer_failed" {
       and the per-stream rows in `producer_run` (outcome, error). Exit 1: a stream failed and the
       next tick resumes from its watermark. Exit 2: the streams file is invalid; every tick fails
       until it is fixed. A paused schedule (producer_schedule_paused) also fires the absence rule.
+    EOT
+  }
+
+  notification_channels = var.alert_notification_channels
+  depends_on            = [google_project_service.enabled]
+
+  lifecycle {
+    # An alert nobody receives is a silent outage: name a channel, or say so.
+    precondition {
+      condition     = length(var.alert_notification_channels) > 0 || var.allow_alerts_without_notification
+      error_message = "alert_notification_channels is empty: give at least one notification channel id (projects/P/notificationChannels/N), or set allow_alerts_without_notification = true to keep the alerts on the console only."
+    }
+  }
+}
+
+# The database under the queue: transaction-ID use climbing means vacuum cannot freeze (a
+# long-held snapshot or a stuck replication slot pins the horizon: the outbox bloats first, then
+# wraparound protection stops writes); a full disk or exhausted connections stop every writer.
+resource "google_monitoring_alert_policy" "cloudsql_health" {
+  display_name = "pubsub-outbox database health (${google_sql_database_instance.outbox.name})"
+  combiner     = "OR"
+  severity     = "CRITICAL"
+
+  conditions {
+    display_name = "transaction IDs over 50 % used (vacuum cannot freeze: a long transaction?)"
+    condition_threshold {
+      filter = join(" AND ", [
+        "resource.type = \"cloudsql_database\"",
+        "resource.labels.database_id = \"${var.project_id}:${google_sql_database_instance.outbox.name}\"",
+        "metric.type = \"cloudsql.googleapis.com/database/postgresql/transaction_id_utilization\"",
+      ])
+      comparison      = "COMPARISON_GT"
+      threshold_value = 0.5
+      duration        = "600s"
+      aggregations {
+        alignment_period   = "300s"
+        per_series_aligner = "ALIGN_MAX"
+      }
+    }
+  }
+
+  conditions {
+    display_name = "disk over 85 % full"
+    condition_threshold {
+      filter = join(" AND ", [
+        "resource.type = \"cloudsql_database\"",
+        "resource.labels.database_id = \"${var.project_id}:${google_sql_database_instance.outbox.name}\"",
+        "metric.type = \"cloudsql.googleapis.com/database/disk/utilization\"",
+      ])
+      comparison      = "COMPARISON_GT"
+      threshold_value = 0.85
+      duration        = "600s"
+      aggregations {
+        alignment_period   = "300s"
+        per_series_aligner = "ALIGN_MAX"
+      }
+    }
+  }
+
+  conditions {
+    display_name = "connections over 80 % of max_connections"
+    condition_threshold {
+      filter = join(" AND ", [
+        "resource.type = \"cloudsql_database\"",
+        "resource.labels.database_id = \"${var.project_id}:${google_sql_database_instance.outbox.name}\"",
+        "metric.type = \"cloudsql.googleapis.com/database/postgresql/num_backends\"",
+      ])
+      comparison      = "COMPARISON_GT"
+      threshold_value = 0.8 * var.db_max_connections
+      duration        = "300s"
+      aggregations {
+        alignment_period     = "60s"
+        per_series_aligner   = "ALIGN_MAX"
+        cross_series_reducer = "REDUCE_SUM"
+      }
+    }
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    content   = <<-EOT
+      The outbox database needs attention. Transaction IDs: find what holds the vacuum horizon
+      (`dispatcher status` lists long transactions; also `pg_stat_activity`, `pg_replication_slots`,
+      `pg_prepared_xacts`) and end it. Disk: the outbox is bloated (dead rows behind a held
+      snapshot) or the backlog is large; `dispatcher status` shows both. Connections: compare the
+      replicas x pool budget in deploy/k8s/dispatcher/hpa.yaml with db_max_connections.
     EOT
   }
 

@@ -210,9 +210,14 @@ variable "gke_operator_service_account" {
 }
 
 variable "cloud_sql_proxy_image" {
-  description = "Cloud SQL Auth Proxy image of the producer job's sidecar; pin it by digest at release (same version as deploy/k8s)."
+  description = "Cloud SQL Auth Proxy image of the producer job's sidecar, by digest (tag@sha256:…; the same as deploy/k8s)."
   type        = string
-  default     = "gcr.io/cloud-sql-connectors/cloud-sql-proxy:2.18.2"
+  default     = "gcr.io/cloud-sql-connectors/cloud-sql-proxy:2.18.2@sha256:fc224915ef435afeb5b2a9421260a0d31986d5c8b7c7f5783c7f5d5885700cd2"
+
+  validation {
+    condition     = can(regex("@sha256:[0-9a-f]{64}$", var.cloud_sql_proxy_image))
+    error_message = "cloud_sql_proxy_image must name a digest (…/cloud-sql-proxy:TAG@sha256:<64 hex>)."
+  }
 }
 
 # ---- operators (people) -------------------------------------------------------------------------
@@ -276,8 +281,13 @@ variable "bigquery_datasets" {
 # ---- the producer job ---------------------------------------------------------------------------
 
 variable "producer_image" {
-  description = "Producer image (deploy/docker/Dockerfile, --target producer), ideally by digest."
+  description = "Producer image (deploy/docker/Dockerfile, --target producer) by digest: REPO/producer@sha256:…"
   type        = string
+
+  validation {
+    condition     = can(regex("@sha256:[0-9a-f]{64}$", var.producer_image))
+    error_message = "producer_image must name a digest (REPO/producer@sha256:<64 hex>): a tag can move under a running schedule."
+  }
 }
 
 variable "producer_config_file" {
@@ -331,17 +341,6 @@ variable "producer_timeout" {
   }
 }
 
-check "producer_timeout_below_schedule" {
-  assert {
-    # Only "*/N * * * *" schedules are compared (try: any other form passes).
-    condition = try(
-      tonumber(trimsuffix(var.producer_timeout, "s")) < 60 * tonumber(regex("^\\*/([0-9]+) ", var.producer_schedule)[0]),
-      true,
-    )
-    error_message = "producer_timeout must be shorter than the producer_schedule interval."
-  }
-}
-
 variable "producer_cpu" {
   description = "vCPUs of a producer task (Cloud Run: 1, 2, 4, 6 or 8)."
   type        = string
@@ -357,9 +356,15 @@ variable "producer_memory" {
 # ---- monitoring ---------------------------------------------------------------------------------
 
 variable "alert_notification_channels" {
-  description = "Cloud Monitoring notification channel ids (projects/P/notificationChannels/N) for the producer alert."
+  description = "Cloud Monitoring notification channel ids (projects/P/notificationChannels/N) for the producer and database alerts. Required unless allow_alerts_without_notification."
   type        = list(string)
   default     = []
+}
+
+variable "allow_alerts_without_notification" {
+  description = "Accept alert policies with no notification channel (they then show on the console only). Off: an empty alert_notification_channels refuses the plan."
+  type        = bool
+  default     = false
 }
 
 # ---- derived ------------------------------------------------------------------------------------
