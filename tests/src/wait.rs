@@ -38,6 +38,19 @@ pub async fn outbox_at_most(pool: &PgPool, left: i64, limit: Duration, what: &st
     .await;
 }
 
+/// Waits until the outbox holds at least `n` rows (a producer run under way).
+pub async fn outbox_at_least(pool: &PgPool, n: i64, limit: Duration, what: &str) {
+    wait_until(what, limit, || async {
+        let rows = crate::fixtures::outbox_rows(pool).await;
+        if rows >= n {
+            Ok(())
+        } else {
+            Err(format!("{rows} rows so far"))
+        }
+    })
+    .await;
+}
+
 /// Waits until no unpublished row is left.
 pub async fn drained(pool: &PgPool, limit: Duration) {
     wait_until("the outbox drains", limit, || async {

@@ -417,17 +417,13 @@ async fn a_producer_process_killed_mid_run_loses_and_duplicates_nothing_on_rerun
         .spawn()
         .expect("start the producer");
     // SIGKILL once some chunks are committed: mid-run, possibly mid-transaction.
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM pubsub_outbox")
-            .fetch_one(&db.pool)
-            .await
-            .expect("count");
-        if n >= 200 || std::time::Instant::now() > deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    harness::wait::outbox_at_least(
+        &db.pool,
+        200,
+        Duration::from_secs(60),
+        "the run commits chunks",
+    )
+    .await;
     child.kill().expect("SIGKILL the producer");
     let _ = child.wait();
     let at_kill = outbox_keys(&db).await.len() as i64;

@@ -10,6 +10,7 @@ use harness::bigquery::TestTable;
 use harness::db::TestDb;
 use harness::env;
 use harness::process::{Process, output};
+use harness::wait::outbox_at_least;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::producer::{order, orders_schema, orders_toml};
@@ -153,17 +154,13 @@ async fn the_sidecar_is_told_to_exit_once_when_the_producer_is_stopped_by_sigter
         &producer_env(&db, &admin.url),
     );
     // SIGTERM once the run is under way (some pages committed).
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM pubsub_outbox")
-            .fetch_one(&db.pool)
-            .await
-            .expect("count");
-        if n >= 50 || std::time::Instant::now() > deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    outbox_at_least(
+        &db.pool,
+        50,
+        Duration::from_secs(60),
+        "the run commits pages",
+    )
+    .await;
     assert_eq!(
         admin.calls(),
         (0, 0),
