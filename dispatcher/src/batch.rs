@@ -153,12 +153,10 @@ async fn claim<P: Publish>(
     tx: &mut PgConnection,
     now: DateTime<Utc>,
 ) -> Result<Vec<ClaimedMessage>, DispatcherError> {
-    let paused = d.paused.current(tx).await?;
     let filter = ClaimFilter {
         now,
         limit: d.settings.batch_size,
         topics: d.settings.topics.as_deref(),
-        paused: &paused,
     };
     let (cursor, max_keys) = d.keys.next();
     let ordered = OrderedClaim {

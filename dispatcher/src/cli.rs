@@ -40,6 +40,7 @@ const FIRST_WORDS: &[&str] = &[
     "pause",
     "resume",
     "audit",
+    "replicas",
     "help",
     "-h",
     "--help",
@@ -224,6 +225,11 @@ pub struct DispatchArgs {
     /// the batch is released as an outage at once instead of waiting out --publish-timeout.
     #[arg(long, env = "OUTBOX_STALL_PROBE_AFTER", default_value = "3s", value_parser = humantime::parse_duration)]
     pub stall_probe_after: Duration,
+    /// Delete the heartbeat row of a replica that sent none for this long (a killed pod), so
+    /// `dispatcher status` stops listing it as gone (at least 1m; `dispatcher replicas prune`
+    /// removes one at once).
+    #[arg(long, env = "OUTBOX_FORGET_REPLICAS_AFTER", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub forget_replicas_after: Duration,
 }
 
 /// How to reach Pub/Sub.
@@ -326,6 +332,7 @@ impl TryFrom<&RunArgs> for DispatcherConfig {
                 max_cooldown: a.breaker_max_cooldown,
             },
             stall_probe_after: a.stall_probe_after,
+            forget_replicas_after: a.forget_replicas_after,
             faults: FaultSettings {
                 failure_rate: a.inject_failure_rate,
                 failure_code: a.inject_failure_code,
@@ -453,17 +460,17 @@ mod tests {
     fn short_topic_names_get_the_project_and_poll_only_drops_the_channel() {
         let c = parse(&[
             "--pubsub-project",
-            "p",
+            "ops-project",
             "--topic",
-            "a,projects/q/topics/b",
+            "orders,projects/billing-prod/topics/invoices",
             "--no-listen",
         ])
         .expect("valid");
         assert_eq!(
             c.batch.topics,
             Some(vec![
-                "projects/p/topics/a".to_owned(),
-                "projects/q/topics/b".to_owned()
+                "projects/ops-project/topics/orders".to_owned(),
+                "projects/billing-prod/topics/invoices".to_owned()
             ])
         );
         assert_eq!(c.notify_channel, None);

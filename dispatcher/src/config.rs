@@ -43,6 +43,8 @@ pub struct DispatcherConfig {
     /// A publish with no answer this long triggers a probe; if that fails too, the batch is an
     /// outage at once.
     pub stall_probe_after: Duration,
+    /// A replica row without a heartbeat this long is deleted (by any replica's heartbeat).
+    pub forget_replicas_after: Duration,
     /// Deliberate publish failures (fault injection; off by default).
     pub faults: FaultSettings,
     /// Apply pending migrations at start.
@@ -66,6 +68,7 @@ impl Default for DispatcherConfig {
             liveness_timeout: Duration::from_secs(90),
             breaker: BreakerSettings::default(),
             stall_probe_after: Duration::from_secs(3),
+            forget_replicas_after: Duration::from_secs(600),
             faults: FaultSettings::default(),
             migrate: false,
         }
@@ -90,6 +93,13 @@ impl DispatcherConfig {
                 "--liveness-timeout ({:?}) must exceed --lock-timeout ({:?}) and be at least 3 x \
                  --max-poll-interval ({:?}), or healthy workers would be reported stuck",
                 self.liveness_timeout, self.lock_timeout, self.idle.max_poll_interval
+            ));
+        }
+        if self.forget_replicas_after < Duration::from_secs(60) {
+            return Err(format!(
+                "--forget-replicas-after ({:?}) must be at least 1m: a live replica sends a \
+                 heartbeat every 5 s, and one delayed by a slow database must not be forgotten",
+                self.forget_replicas_after
             ));
         }
         if !(1..=1000).contains(&self.batch.batch_size) || self.workers == 0 {

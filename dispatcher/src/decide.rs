@@ -17,7 +17,7 @@ use std::collections::HashSet;
 use chrono::{DateTime, Utc};
 use outbox_shared::ClaimedMessage;
 use outbox_shared::retry::{RetryDecision, RetrySchedule};
-use outbox_shared::store::dead_letter::{ErrorKind, Failure};
+use outbox_shared::store::dead_letter::{ErrorKind, Failure, REFUSED_LOCALLY};
 use outbox_shared::store::outbox::Retry;
 use outbox_shared::store::settle::Settlement;
 
@@ -115,7 +115,7 @@ pub(crate) fn decide(
                     id: m.id,
                     attempts: m.attempts,
                     kind: ErrorKind::Permanent,
-                    error: format!("rejected before publishing: {reason}"),
+                    error: format!("{REFUSED_LOCALLY}{reason}"),
                 });
                 if let Some(k) = key
                     && !policy.skips(&m.topic)
@@ -197,7 +197,7 @@ pub(crate) fn outage(claimed: &[ClaimedMessage], attempts: Vec<Attempt>) -> Deci
                 id: m.id,
                 attempts: m.attempts,
                 kind: ErrorKind::Permanent,
-                error: format!("rejected before publishing: {reason}"),
+                error: format!("{REFUSED_LOCALLY}{reason}"),
             }),
             _ => {
                 d.settlement.released.push(m.id);

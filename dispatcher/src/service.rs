@@ -157,6 +157,7 @@ impl<P: Publish> Dispatcher<P> {
         let heartbeat = tokio::spawn(tasks::heartbeat(
             dispatch.clone(),
             config.batch.topics.clone(),
+            config.forget_replicas_after,
             shutdown.clone(),
         ));
         if !config.retention.is_zero() {

@@ -228,7 +228,7 @@ pub(crate) async fn sample_gauges(
                     }
                     Err(e) => tracing::warn!(error = %e, "Counting the dead letters failed."),
                 }
-                match dead_letter::blocked_keys(&mut conn, &skip_topics).await {
+                match dead_letter::blocked_keys(&mut conn, &skip_topics, topics).await {
                     Ok(n) => {
                         metrics.blocked_keys.set(n);
                         blocked_log.log(n);
@@ -340,13 +340,15 @@ impl BlockedLog {
     }
 }
 
-/// Keeps this replica's heartbeat row fresh every 5 s; removes it (and rows of replicas gone for
-/// a day) on a clean stop.
+/// Keeps this replica's heartbeat row fresh every 5 s and deletes the rows of replicas without a
+/// heartbeat for `forget_after` (killed ones: a clean stop removes its own row, as this does).
 pub(crate) async fn heartbeat<P: Publish>(
     d: Arc<Dispatch<P>>,
     topics: Option<Vec<String>>,
+    forget_after: Duration,
     mut shutdown: Shutdown,
 ) {
+    let forget_secs = forget_after.as_secs_f64();
     let hostname = std::env::var("HOSTNAME")
         .ok()
         .filter(|h| !h.is_empty())
@@ -376,6 +378,14 @@ pub(crate) async fn heartbeat<P: Publish>(
         match d.pool.begin().await {
             Ok(mut tx) => match replica::heartbeat(&mut tx, &row).await {
                 Ok(()) => {
+                    match replica::prune(&mut tx, forget_secs, None).await {
+                        Ok(gone) if !gone.is_empty() => tracing::info!(
+                            replicas = ?gone,
+                            "Forgot replicas without a heartbeat for {forget_after:?}."
+                        ),
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(error = %e, "Pruning gone replicas failed."),
+                    }
                     if let Err(e) = tx.commit().await {
                         tracing::warn!(error = %e, "Committing the replica heartbeat failed; will retry.");
                     }
@@ -394,7 +404,7 @@ pub(crate) async fn heartbeat<P: Publish>(
         }
     }
     if let Ok(mut tx) = d.pool.begin().await
-        && replica::remove(&mut tx, &row.replica_id, 86_400)
+        && replica::remove(&mut tx, &row.replica_id, forget_secs as i64)
             .await
             .is_ok()
     {

@@ -39,8 +39,6 @@ pub(crate) struct Dispatch<P> {
     in_flight: (AtomicI32, AtomicI32),
     /// The idle workers' shared poll interval.
     pub(crate) idle: SharedIdle,
-    /// The paused topics, re-read at most once per poll interval.
-    pub(crate) paused: PausedTopics,
     /// Writers' NOTIFYs wake the workers (LISTEN is on).
     pub(crate) listening: bool,
 }
@@ -71,7 +69,6 @@ impl<P: Publish> Dispatch<P> {
             claim_session: ClaimSession::new(config.lock_timeout),
             in_flight: (AtomicI32::new(0), AtomicI32::new(0)),
             idle: SharedIdle::new(config.idle),
-            paused: PausedTopics::new(config.idle.poll_interval),
             listening: config.notify_channel.is_some(),
         }
     }
@@ -180,41 +177,6 @@ impl KeyWalk {
         if let Ok(mut c) = self.cursor.lock() {
             *c = next;
         }
-    }
-}
-
-/// The paused topics the claims skip: read from the database at most once per `max_age` (the poll
-/// interval), so a pause or resume reaches every replica's claims within one poll interval.
-#[derive(Debug)]
-pub(crate) struct PausedTopics {
-    max_age: Duration,
-    cached: std::sync::Mutex<Option<(std::time::Instant, Arc<Vec<String>>)>>,
-}
-
-impl PausedTopics {
-    fn new(max_age: Duration) -> Self {
-        Self {
-            max_age,
-            cached: std::sync::Mutex::new(None),
-        }
-    }
-
-    /// The paused topics, fresh within `max_age` (read on `conn` when stale).
-    pub(crate) async fn current(
-        &self,
-        conn: &mut sqlx::PgConnection,
-    ) -> Result<Arc<Vec<String>>, outbox_shared::Error> {
-        if let Ok(cached) = self.cached.lock()
-            && let Some((at, topics)) = cached.as_ref()
-            && at.elapsed() < self.max_age
-        {
-            return Ok(topics.clone());
-        }
-        let topics = Arc::new(outbox_shared::store::pause::topics(conn).await?);
-        if let Ok(mut cached) = self.cached.lock() {
-            *cached = Some((std::time::Instant::now(), topics.clone()));
-        }
-        Ok(topics)
     }
 }
 

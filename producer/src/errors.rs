@@ -5,21 +5,34 @@
 
 use crate::bigquery::pages::PagesError;
 
-/// The streams file is unusable. Nothing was read or written.
+/// The streams file, or a flag, is unusable. Nothing was read or written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid streams config {origin}: {}. Fix the file and rerun", .problems.join("; "))]
+#[error("invalid {}{origin}: {}{}", if *.in_file { "streams config " } else { "" },
+        .problems.join("; "), if *.in_file { ". Fix the file and rerun" } else { "" })]
 pub struct ConfigError {
-    /// The file (or other origin) of the text.
+    /// The file (or the flag) at fault.
     pub origin: String,
-    /// Every problem found, each naming the stream and field.
+    /// Every problem found, each naming the stream and field (or saying the fix).
     pub problems: Vec<String>,
+    /// Whether `origin` is the streams file (else a flag or variable).
+    pub in_file: bool,
 }
 
 impl ConfigError {
+    /// A problem in the streams file `origin`.
     pub(crate) fn new(origin: impl Into<String>, problems: Vec<String>) -> Self {
         Self {
             origin: origin.into(),
             problems,
+            in_file: true,
+        }
+    }
+
+    /// A problem in the flag (or variable) `flag`; each problem says the fix.
+    pub(crate) fn flag(flag: impl Into<String>, problems: Vec<String>) -> Self {
+        Self {
+            in_file: false,
+            ..Self::new(flag, problems)
         }
     }
 }

@@ -22,21 +22,33 @@ pub fn select_streams<'c>(
     config: &'c StreamsConfig,
     settings: &Settings,
 ) -> Result<Vec<&'c Stream>, ConfigError> {
+    let names: Vec<&str> = config.streams.iter().map(|s| s.name.as_str()).collect();
     let unknown: Vec<String> = settings
         .only_streams
         .iter()
-        .filter(|n| !config.streams.iter().any(|s| &s.name == *n))
-        .map(|n| format!("--stream {n}: no stream has this name"))
+        .filter(|n| !names.contains(&n.as_str()))
+        .map(|n| {
+            let close = outbox_runtime::operator::near(n, names.iter().copied());
+            format!(
+                "--stream {n:?}: the streams file has no stream of this name ({}its streams: {})",
+                if close.is_empty() {
+                    String::new()
+                } else {
+                    format!("did you mean {}? ", close.join(" or "))
+                },
+                names.join(", ")
+            )
+        })
         .collect();
     if !unknown.is_empty() {
-        return Err(ConfigError::new("--stream", unknown));
+        return Err(ConfigError::flag("--stream", unknown));
     }
     if settings.task_count == 0 || settings.task_index >= settings.task_count {
         let problem = format!(
             "task index {} is not below task count {}",
             settings.task_index, settings.task_count
         );
-        return Err(ConfigError::new(
+        return Err(ConfigError::flag(
             "CLOUD_RUN_TASK_INDEX/CLOUD_RUN_TASK_COUNT",
             vec![problem],
         ));
@@ -116,7 +128,7 @@ mod tests {
             .map(|n| {
                 format!(
                     "[[stream]]\nname = \"{n}\"\nquery = \"SELECT @watermark_ts, @watermark_key\"\n\
-                     dedupe_key = [\"id\"]\ntopic = \"projects/p/topics/t\"\n\
+                     dedupe_key = [\"id\"]\ntopic = \"projects/test-project/topics/orders\"\n\
                      cursor = {{ timestamp_column = \"ts\", key_column = \"id\", key_type = \"INT64\" }}\n\
                      payload = {{ columns = [\"id\"] }}\n"
                 )

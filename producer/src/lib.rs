@@ -106,7 +106,7 @@ pub async fn execute(args: &RunArgs, shutdown: &Shutdown) -> Result<JobReport, S
     };
     let config = StreamsConfig::load(&args.job.config, &options)?;
     if args.bigquery.bigquery_project.is_empty() {
-        return Err(ConfigError::new(
+        return Err(ConfigError::flag(
             "--bigquery-project",
             vec!["set --bigquery-project or BIGQUERY_PROJECT_ID".into()],
         )

@@ -53,9 +53,11 @@ async fn run_execution(args: &RunArgs) -> ExitCode {
     };
     match execution {
         Ok(report) => {
-            // Logs (stderr) carry the summaries; the table is for people at a terminal.
+            // Logs (stderr) carry the summaries; the table is for people at a terminal (a
+            // closed pipe is theirs to close: no panic, the run's exit code stands).
             if args.telemetry.log_format == LogFormat::Text {
-                print!("{}", report.render());
+                let mut out = std::io::stdout().lock();
+                let _ = std::io::Write::write_all(&mut out, report.render().as_bytes());
             }
             ExitCode::from(report.exit_code())
         }

@@ -23,7 +23,7 @@ impl SidecarQuit {
     /// Checks `url` (an http:// or https:// URL).
     pub fn new(url: &str) -> Result<Self, ConfigError> {
         let bad = |why: String| {
-            ConfigError::new(
+            ConfigError::flag(
                 "--sidecar-quit-url (OUTBOX_SIDECAR_QUIT_URL)",
                 vec![format!(
                     "{why}: give the sidecar's quit endpoint, e.g. http://127.0.0.1:9091/quitquitquit \

@@ -88,12 +88,23 @@ pub enum TopicNameError {
          (PUBSUB_PROJECT_ID) or use the full name projects/<project>/topics/{0}"
     )]
     NoProject(String),
+    /// The project or topic id breaks Pub/Sub's resource-name rules.
+    #[error("{name:?} is not a Pub/Sub topic name: {rule}")]
+    Grammar {
+        /// The full name.
+        name: String,
+        /// The rule it breaks.
+        rule: &'static str,
+    },
 }
 
 /// The full topic name for `topic`: a full name as it is, a short one in `project`. Checked
 /// against the template the Pub/Sub client and the outbox's CHECK constraint enforce
-/// (`projects/<project>/topics/<topic>`), so a name the client would refuse before sending is
-/// refused here, with the fix.
+/// (`projects/<project>/topics/<topic>`) and against Pub/Sub's resource-name rules (a topic id
+/// of 3 to 255 letters, digits and `-._~%+`, starting with a letter, not with `goog`; a project
+/// id of 6 to 30 lowercase letters, digits and hyphens, starting with a letter, not ending with a
+/// hyphen, optionally behind a `domain:` prefix), so a name Pub/Sub would refuse is refused here,
+/// with the rule it breaks.
 pub fn resolve_topic(project: &str, topic: &str) -> Result<String, TopicNameError> {
     if topic.is_empty() || topic.contains(char::is_whitespace) {
         return Err(TopicNameError::Invalid(topic.to_owned()));
@@ -110,10 +121,43 @@ pub fn resolve_topic(project: &str, topic: &str) -> Result<String, TopicNameErro
     let parts: Vec<&str> = full.split('/').collect();
     let valid =
         parts.len() == 4 && parts[2] == "topics" && !parts[1].is_empty() && !parts[3].is_empty();
-    if valid {
-        Ok(full)
+    if !valid {
+        return Err(TopicNameError::Malformed(full));
+    }
+    match project_rule(parts[1]).or_else(|| topic_rule(parts[3])) {
+        Some(rule) => Err(TopicNameError::Grammar { name: full, rule }),
+        None => Ok(full),
+    }
+}
+
+/// The project-id rule `project` breaks, if any.
+fn project_rule(project: &str) -> Option<&'static str> {
+    let id = project.rsplit_once(':').map_or(project, |(_, id)| id);
+    let chars_ok = id
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if !(6..=30).contains(&id.len()) || !chars_ok {
+        Some("a project id has 6 to 30 lowercase letters, digits or hyphens")
+    } else if !id.starts_with(|c: char| c.is_ascii_lowercase()) || id.ends_with('-') {
+        Some("a project id starts with a letter and does not end with a hyphen")
     } else {
-        Err(TopicNameError::Malformed(full))
+        None
+    }
+}
+
+/// The topic-id rule `id` breaks, if any.
+fn topic_rule(id: &str) -> Option<&'static str> {
+    let chars_ok = id
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-._~%+".contains(c));
+    if !(3..=255).contains(&id.len()) || !chars_ok {
+        Some("a topic id has 3 to 255 letters, digits or -._~%+")
+    } else if !id.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        Some("a topic id starts with a letter")
+    } else if id.to_ascii_lowercase().starts_with("goog") {
+        Some("a topic id must not start with \"goog\"")
+    } else {
+        None
     }
 }
 
@@ -124,12 +168,12 @@ mod tests {
     #[test]
     fn short_topic_names_get_the_project_prefix() {
         assert_eq!(
-            resolve_topic("p", "t").as_deref(),
-            Ok("projects/p/topics/t")
+            resolve_topic("ops-project", "orders").as_deref(),
+            Ok("projects/ops-project/topics/orders")
         );
         assert_eq!(
-            resolve_topic("", "projects/q/topics/t").as_deref(),
-            Ok("projects/q/topics/t")
+            resolve_topic("", "projects/example.com:billing-prod/topics/in_v.1~%+").as_deref(),
+            Ok("projects/example.com:billing-prod/topics/in_v.1~%+")
         );
     }
 
@@ -163,6 +207,20 @@ mod tests {
                 resolve_topic("p", bad),
                 Err(TopicNameError::Invalid(bad.into())),
                 "{bad:?}"
+            );
+        }
+        for bad in [
+            "projects/p/topics/orders",
+            "projects/Ops-Project/topics/orders",
+            "projects/ops-project-/topics/orders",
+            "projects/ops-project/topics/or",
+            "projects/ops-project/topics/1orders",
+            "projects/ops-project/topics/google-orders",
+            "projects/ops-project/topics/orders!",
+        ] {
+            assert!(
+                matches!(resolve_topic("", bad), Err(TopicNameError::Grammar { .. })),
+                "{bad}"
             );
         }
     }

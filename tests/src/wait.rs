@@ -61,3 +61,22 @@ pub async fn drained(pool: &PgPool, limit: Duration) {
     })
     .await;
 }
+
+/// Waits until the outbox holds no row of `topic`; returns how long that took.
+pub async fn topic_drained(pool: &PgPool, topic: &str, limit: Duration) -> Duration {
+    let started = Instant::now();
+    wait_until(&format!("{topic} drains"), limit, || async {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM pubsub_outbox WHERE topic = $1")
+            .bind(topic)
+            .fetch_one(pool)
+            .await
+            .map_err(|e| e.to_string())?;
+        if n == 0 {
+            Ok(())
+        } else {
+            Err(format!("{n} left"))
+        }
+    })
+    .await;
+    started.elapsed()
+}

@@ -1,18 +1,18 @@
 //! `dispatcher audit`: the audit trail of operator actions.
 
-use outbox_runtime::operator::Exit;
-use outbox_shared::store::audit;
+use chrono::{DateTime, Utc};
+use outbox_runtime::operator::{Command, Common, Exit, OpsError, Output, parse_instant};
+use outbox_runtime::table::Table;
+use outbox_shared::store::audit::{self, ACTIONS};
 use sqlx::PgPool;
-
-use super::{Common, OpsError, Table, instant, print_json};
 
 /// `audit` options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct AuditArgs {
     #[command(flatten)]
     pub common: Common,
-    /// Only this action (replay, discard, pause, resume, rewind).
-    #[arg(long)]
+    /// Only this action.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(ACTIONS))]
     pub action: Option<String>,
     /// Only this actor.
     #[arg(long)]
@@ -25,26 +25,42 @@ pub struct AuditArgs {
     pub limit: i64,
 }
 
-/// Lists the trail.
-pub async fn run(a: &AuditArgs, pool: &PgPool) -> Result<Exit, OpsError> {
-    let since = a
-        .since
-        .as_deref()
-        .map(|s| instant("--since", s))
-        .transpose()?;
-    // Read-only, inside a transaction (as behind a transaction-mode pooler it must be).
-    let mut conn = pool.begin().await?;
-    let entries = audit::list(
-        &mut conn,
-        a.action.as_deref(),
-        a.actor.as_deref(),
-        since,
-        a.limit,
-    )
-    .await?;
-    if a.common.json {
-        print_json(&entries)?;
-    } else {
+/// A checked `audit`.
+#[derive(Debug, Clone)]
+pub struct Query {
+    action: Option<String>,
+    actor: Option<String>,
+    since: Option<DateTime<Utc>>,
+    limit: i64,
+}
+
+impl Command for AuditArgs {
+    type Checked = Query;
+
+    fn check(&self, now: DateTime<Utc>) -> Result<Query, OpsError> {
+        Ok(Query {
+            action: self.action.clone(),
+            actor: self.actor.clone(),
+            since: self
+                .since
+                .as_deref()
+                .map(|s| parse_instant("--since", s, now))
+                .transpose()?,
+            limit: self.limit,
+        })
+    }
+
+    async fn run(q: Query, pool: &PgPool) -> Result<Output, OpsError> {
+        // Read-only, inside a transaction (as behind a transaction-mode pooler it must be).
+        let mut conn = pool.begin().await?;
+        let entries = audit::list(
+            &mut conn,
+            q.action.as_deref(),
+            q.actor.as_deref(),
+            q.since,
+            q.limit,
+        )
+        .await?;
         let mut t = Table::new(&[
             "ID", "AT", "ACTOR", "DB USER", "ACTION", "ROWS", "SELECTOR", "REASON",
         ]);
@@ -60,15 +76,11 @@ pub async fn run(a: &AuditArgs, pool: &PgPool) -> Result<Exit, OpsError> {
                 e.reason.clone(),
             ]);
         }
-        if t.is_empty() {
-            println!("No audit entry matches.");
+        let (text, exit) = if t.is_empty() {
+            ("No audit entry matches.\n".to_owned(), Exit::NothingMatched)
         } else {
-            print!("{}", t.render());
-        }
+            (t.render(), Exit::Ok)
+        };
+        Output::new(text, &entries, exit)
     }
-    Ok(if entries.is_empty() {
-        Exit::NothingMatched
-    } else {
-        Exit::Ok
-    })
 }

@@ -3,40 +3,49 @@
 //! Replay puts dead letters back into the outbox (attempts reset; a message keeps its original
 //! id, so a keyed one goes out ahead of the messages that waited behind it), in batches at a
 //! bounded rate; discard deletes them. Both need `--reason`, a filter action needs `--yes`, and
-//! each batch writes its audit row in the same transaction as the move.
+//! each batch writes its audit row and wakes the dispatchers in the same transaction as the move
+//! (a discard releases the key a dead letter blocked, too).
 
 use std::time::Duration;
 
-use outbox_runtime::operator::Exit;
+use chrono::{DateTime, Utc};
+use outbox_runtime::operator::{
+    Actor, Command, Common, Confirm, Exit, OpsError, Output, Why, execute, parse_age, parse_instant,
+};
+use outbox_runtime::table::Table;
 use outbox_shared::store::audit::{self, Action};
-use outbox_shared::store::dead_letter::{self, DeadLetter, Filter};
+use outbox_shared::store::dead_letter::{self, DeadLetter, Filter, REFUSED_LOCALLY};
+use outbox_shared::store::notify;
 use serde::Serialize;
 use sqlx::PgPool;
 
-use super::{Common, OpsError, Table, Why, begin, instant, print_json, topic_name};
+use super::{ProjectArg, Wake};
 
 /// The dead-letter commands.
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum DeadLettersCommand {
     /// List dead letters, newest first.
-    ///
-    /// Examples: `dispatcher dead-letters list --topic invoices --kind permanent`,
-    /// `dispatcher dead-letters list --error-contains schema --json`
+    #[command(
+        after_help = "Examples:\n  dispatcher dead-letters list --topic projects/billing-prod/topics/invoices --kind permanent\n  \
+                      dispatcher dead-letters list --error-contains schema --json"
+    )]
     List(ListArgs),
     /// Show one dead letter: attributes, payload size and a safe preview, the error, attempts.
-    ///
-    /// Example: `dispatcher dead-letters show 42`
+    #[command(after_help = "Example:\n  dispatcher dead-letters show 42")]
     Show(ShowArgs),
-    /// Put dead letters back into the outbox (by id or by filter).
-    ///
-    /// Examples: `dispatcher dead-letters replay 42 43 --reason "schema fixed"`,
-    /// `dispatcher dead-letters replay --topic invoices --kind permanent --reason "bad deploy rolled back" --yes`
-    Replay(ChangeArgs),
-    /// Delete dead letters for good (by id or by filter).
-    ///
-    /// Examples: `dispatcher dead-letters discard 42 --reason "test message"`,
-    /// `dispatcher dead-letters discard --older-than 30d --reason "retention" --yes`
-    Discard(ChangeArgs),
+    /// Put dead letters back into the outbox (by id or by filter) and wake the dispatchers.
+    #[command(
+        after_help = "Examples:\n  dispatcher dead-letters replay 42 43 --reason \"schema fixed\"\n  \
+                      dispatcher dead-letters replay --topic projects/billing-prod/topics/invoices --kind permanent --reason \"bad deploy rolled back\" --dry-run\n  \
+                      (then the same with --yes instead of --dry-run)"
+    )]
+    Replay(ReplayArgs),
+    /// Delete dead letters for good (by id or by filter); a key one blocked flows again.
+    #[command(
+        after_help = "Examples:\n  dispatcher dead-letters discard 42 --reason \"test message\"\n  \
+                      dispatcher dead-letters discard --older-than 30d --reason \"retention\" --yes"
+    )]
+    Discard(DiscardArgs),
 }
 
 impl DeadLettersCommand {
@@ -44,7 +53,17 @@ impl DeadLettersCommand {
         match self {
             Self::List(a) => &a.common,
             Self::Show(a) => &a.common,
-            Self::Replay(a) | Self::Discard(a) => &a.common,
+            Self::Replay(a) => &a.change.common,
+            Self::Discard(a) => &a.change.common,
+        }
+    }
+
+    pub(super) async fn execute(&self, common: &Common, application: &str) -> Exit {
+        match self {
+            Self::List(a) => execute(a, common, application).await,
+            Self::Show(a) => execute(a, common, application).await,
+            Self::Replay(a) => execute(a, common, application).await,
+            Self::Discard(a) => execute(a, common, application).await,
         }
     }
 }
@@ -55,9 +74,8 @@ pub struct Selection {
     /// Full topic name (or a short one with --pubsub-project).
     #[arg(long)]
     pub topic: Option<String>,
-    /// Project for short topic names.
-    #[arg(long, env = "PUBSUB_PROJECT_ID", default_value = "")]
-    pub pubsub_project: String,
+    #[command(flatten)]
+    pub project: ProjectArg,
     /// Error kind: permanent, exhausted or rejected.
     #[arg(long, value_parser = ["permanent", "exhausted", "rejected"])]
     pub kind: Option<String>,
@@ -79,22 +97,24 @@ pub struct Selection {
 }
 
 impl Selection {
-    fn filter(&self, ids: &[i64], older_than: Option<&str>) -> Result<Filter, OpsError> {
-        let mut failed_before = self
-            .failed_before
-            .as_deref()
-            .map(|s| instant("--failed-before", s))
-            .transpose()?;
+    /// The filter: `ids` (when any), the flags, and `older_than` (discard) as a failed-before.
+    fn filter(
+        &self,
+        ids: &[i64],
+        now: DateTime<Utc>,
+        older_than: Option<Duration>,
+    ) -> Result<Filter, OpsError> {
+        let instant = |flag, v: &Option<String>| {
+            v.as_deref()
+                .map(|s| parse_instant(flag, s, now))
+                .transpose()
+        };
+        let mut failed_before = instant("--failed-before", &self.failed_before)?;
         if let Some(age) = older_than {
-            let d = humantime::parse_duration(age)
+            let cut = chrono::Duration::from_std(age)
                 .ok()
-                .and_then(|d| chrono::Duration::from_std(d).ok())
-                .ok_or_else(|| {
-                    OpsError::Usage(format!(
-                        "--older-than {age:?} is not a duration (e.g. 30d, 12h)"
-                    ))
-                })?;
-            let cut = chrono::Utc::now() - d;
+                .and_then(|d| now.checked_sub_signed(d))
+                .ok_or_else(|| OpsError::Usage(format!("--older-than {age:?} is too long")))?;
             failed_before = Some(failed_before.map_or(cut, |b| b.min(cut)));
         }
         let filter = Filter {
@@ -102,17 +122,13 @@ impl Selection {
             topic: self
                 .topic
                 .as_deref()
-                .map(|t| topic_name(&self.pubsub_project, t))
+                .map(|t| self.project.topic(t))
                 .transpose()?,
             error_kind: self.kind.clone(),
             ordering_key: self.ordering_key.clone(),
             dedupe_prefix: self.dedupe_prefix.clone().filter(|p| !p.is_empty()),
             failed_before,
-            failed_after: self
-                .failed_after
-                .as_deref()
-                .map(|s| instant("--failed-after", s))
-                .transpose()?,
+            failed_after: instant("--failed-after", &self.failed_after)?,
             error_contains: self.error_contains.clone().filter(|p| !p.is_empty()),
         };
         if let (Some(b), Some(a)) = (filter.failed_before, filter.failed_after)
@@ -150,7 +166,7 @@ pub struct ShowArgs {
     pub id: i64,
 }
 
-/// `replay` / `discard` options.
+/// What `replay` and `discard` take.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ChangeArgs {
     #[command(flatten)]
@@ -159,17 +175,12 @@ pub struct ChangeArgs {
     pub ids: Vec<i64>,
     #[command(flatten)]
     pub selection: Selection,
-    /// Discard only: entries that failed longer ago than this (e.g. 30d).
-    #[arg(long)]
-    pub older_than: Option<String>,
     #[command(flatten)]
     pub why: Why,
-    /// Confirm a change selected by a filter (not needed for an id list).
-    #[arg(long)]
-    pub yes: bool,
-    /// Show exactly what would change; change nothing.
-    #[arg(long)]
-    pub dry_run: bool,
+    #[command(flatten)]
+    pub confirm: Confirm,
+    #[command(flatten)]
+    pub wake: Wake,
     /// Entries per transaction (each with its own audit row).
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(i64).range(1..=10_000))]
     pub batch_size: i64,
@@ -178,7 +189,24 @@ pub struct ChangeArgs {
     pub rate: f64,
 }
 
-/// A dead letter as `list`/`show` print it (the payload as a size and a safe preview).
+/// `replay` options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    pub change: ChangeArgs,
+}
+
+/// `discard` options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DiscardArgs {
+    #[command(flatten)]
+    pub change: ChangeArgs,
+    /// Entries that failed longer ago than this (e.g. 30d).
+    #[arg(long)]
+    pub older_than: Option<String>,
+}
+
+/// A dead letter as `list`/`show` print it (the payload as a size and a preview).
 #[derive(Debug, Clone, Serialize)]
 pub struct Entry {
     pub id: i64,
@@ -188,22 +216,49 @@ pub struct Entry {
     pub dedupe_key: String,
     pub attributes: outbox_shared::Attributes,
     pub payload_bytes: usize,
-    /// The first 200 bytes as text, control characters escaped; `null` when not UTF-8.
+    /// The first 200 bytes as text (cut at a character boundary), exactly as stored; `null` when
+    /// they are not UTF-8. The table escapes its control characters; JSON escapes once, as JSON.
     pub payload_preview: Option<String>,
-    pub created_at: chrono::DateTime<chrono::Utc>,
-    pub failed_at: chrono::DateTime<chrono::Utc>,
+    pub created_at: DateTime<Utc>,
+    pub failed_at: DateTime<Utc>,
     pub attempts: i32,
     pub error_kind: String,
     pub last_error: String,
     pub source: String,
 }
 
+/// The first `max` bytes of `payload` as text, when they are UTF-8 (a character the cut splits
+/// is left out, not taken for binary).
+fn preview(payload: &[u8], max: usize) -> Option<String> {
+    let head = &payload[..payload.len().min(max)];
+    match std::str::from_utf8(head) {
+        Ok(text) => Some(text.to_owned()),
+        // Only the cut is incomplete: the text up to it.
+        Err(e) if e.error_len().is_none() && head.len() < payload.len() => {
+            std::str::from_utf8(&head[..e.valid_up_to()])
+                .ok()
+                .map(str::to_owned)
+        }
+        Err(_) => None,
+    }
+}
+
+/// `text` for a terminal: control characters escaped (`\n`, `\u{1b}`), everything else as is.
+fn printable(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
+}
+
 impl From<DeadLetter> for Entry {
     fn from(d: DeadLetter) -> Self {
-        let head = &d.payload[..d.payload.len().min(200)];
-        let payload_preview = std::str::from_utf8(head)
-            .ok()
-            .map(|s| s.chars().flat_map(char::escape_debug).collect::<String>());
         Self {
             id: d.id,
             outbox_id: d.outbox_id,
@@ -212,7 +267,7 @@ impl From<DeadLetter> for Entry {
             dedupe_key: d.dedupe_key,
             attributes: d.attributes.0,
             payload_bytes: d.payload.len(),
-            payload_preview,
+            payload_preview: preview(&d.payload, 200),
             created_at: d.created_at,
             failed_at: d.failed_at,
             attempts: d.attempts,
@@ -223,40 +278,33 @@ impl From<DeadLetter> for Entry {
     }
 }
 
-/// What a replay or discard did (or would do, with `--dry-run`).
-#[derive(Debug, Clone, Serialize)]
-pub struct ChangeReport {
-    pub action: &'static str,
-    pub dry_run: bool,
-    pub ids: Vec<i64>,
-    pub count: usize,
-    /// Selected but left in place (replay: the dedupe key is back in the outbox already).
-    pub skipped: Vec<i64>,
-    pub audit_ids: Vec<i64>,
+/// A checked `list`.
+#[derive(Debug, Clone)]
+pub struct Page {
+    filter: Filter,
+    limit: i64,
+    before_id: Option<i64>,
 }
 
-/// Runs a dead-letter command.
-pub async fn run(c: &DeadLettersCommand, pool: &PgPool) -> Result<Exit, OpsError> {
-    match c {
-        DeadLettersCommand::List(a) => list(a, pool).await,
-        DeadLettersCommand::Show(a) => show(a, pool).await,
-        DeadLettersCommand::Replay(a) => change(a, pool, "replay").await,
-        DeadLettersCommand::Discard(a) => change(a, pool, "discard").await,
+impl Command for ListArgs {
+    type Checked = Page;
+
+    fn check(&self, now: DateTime<Utc>) -> Result<Page, OpsError> {
+        Ok(Page {
+            filter: self.selection.filter(&[], now, None)?,
+            limit: self.limit,
+            before_id: self.before_id,
+        })
     }
-}
 
-async fn list(a: &ListArgs, pool: &PgPool) -> Result<Exit, OpsError> {
-    let filter = a.selection.filter(&[], None)?;
-    // Read-only, inside a transaction (as behind a transaction-mode pooler it must be).
-    let mut conn = pool.begin().await?;
-    let entries: Vec<Entry> = dead_letter::select(&mut conn, &filter, a.limit, a.before_id)
-        .await?
-        .into_iter()
-        .map(Entry::from)
-        .collect();
-    if a.common.json {
-        print_json(&entries)?;
-    } else {
+    async fn run(p: Page, pool: &PgPool) -> Result<Output, OpsError> {
+        // Read-only, inside a transaction (as behind a transaction-mode pooler it must be).
+        let mut conn = pool.begin().await?;
+        let entries: Vec<Entry> = dead_letter::select(&mut conn, &p.filter, p.limit, p.before_id)
+            .await?
+            .into_iter()
+            .map(Entry::from)
+            .collect();
         let mut t = Table::new(&[
             "ID",
             "FAILED AT",
@@ -273,125 +321,213 @@ async fn list(a: &ListArgs, pool: &PgPool) -> Result<Exit, OpsError> {
                 e.failed_at.to_rfc3339(),
                 e.error_kind.clone(),
                 e.topic.clone(),
-                e.ordering_key.clone().unwrap_or_else(|| "-".to_owned()),
-                e.dedupe_key.clone(),
+                e.ordering_key.as_deref().map_or("-".to_owned(), printable),
+                printable(&e.dedupe_key),
                 e.attempts.to_string(),
-                e.last_error.chars().take(80).collect(),
+                printable(&e.last_error.chars().take(80).collect::<String>()),
             ]);
         }
-        if t.is_empty() {
-            println!("No dead letter matches.");
+        let (text, exit) = if t.is_empty() {
+            ("No dead letter matches.\n".to_owned(), Exit::NothingMatched)
         } else {
-            print!("{}", t.render());
+            (t.render(), Exit::Ok)
+        };
+        Output::new(text, &entries, exit)
+    }
+}
+
+impl Command for ShowArgs {
+    type Checked = i64;
+
+    fn check(&self, _now: DateTime<Utc>) -> Result<i64, OpsError> {
+        Ok(self.id)
+    }
+
+    async fn run(id: i64, pool: &PgPool) -> Result<Output, OpsError> {
+        // Read-only, inside a transaction (as behind a transaction-mode pooler it must be).
+        let mut conn = pool.begin().await?;
+        let Some(e) = dead_letter::get(&mut conn, id).await?.map(Entry::from) else {
+            return Err(OpsError::NothingMatched(format!(
+                "no dead letter with id {id} (dispatcher dead-letters list shows the ids)"
+            )));
+        };
+        let refused = e.last_error.starts_with(REFUSED_LOCALLY);
+        let lines = [
+            ("id", e.id.to_string()),
+            ("topic", e.topic.clone()),
+            (
+                "ordering key",
+                e.ordering_key.as_deref().map_or("-".to_owned(), printable),
+            ),
+            ("dedupe key", printable(&e.dedupe_key)),
+            (
+                "outbox id",
+                e.outbox_id.map_or("-".to_owned(), |i| i.to_string()),
+            ),
+            ("source", e.source.clone()),
+            ("enqueued at", e.created_at.to_rfc3339()),
+            ("failed at", e.failed_at.to_rfc3339()),
+            ("attempts", e.attempts.to_string()),
+            ("error kind", e.error_kind.clone()),
+            ("error", printable(&e.last_error)),
+            (
+                "attributes",
+                printable(&serde_json::to_string(&e.attributes).map_err(OpsError::Encode)?),
+            ),
+            ("payload", format!("{} bytes", e.payload_bytes)),
+            (
+                "preview",
+                e.payload_preview
+                    .as_deref()
+                    .map_or("(binary: not shown)".to_owned(), printable),
+            ),
+        ];
+        let mut text: String = lines
+            .iter()
+            .map(|(k, v)| format!("{:<15}{v}\n", format!("{k}:")))
+            .collect();
+        if refused {
+            text.push_str(&format!("\n{}\n", REFUSED_HINT));
         }
+        Output::new(text, &e, Exit::Ok)
     }
-    Ok(if entries.is_empty() {
-        Exit::NothingMatched
-    } else {
-        Exit::Ok
-    })
 }
 
-async fn show(a: &ShowArgs, pool: &PgPool) -> Result<Exit, OpsError> {
-    // Read-only, inside a transaction (as behind a transaction-mode pooler it must be).
-    let mut conn = pool.begin().await?;
-    let Some(entry) = dead_letter::get(&mut conn, a.id).await?.map(Entry::from) else {
-        eprintln!(
-            "error: no dead letter with id {} (dispatcher dead-letters list shows the ids)",
-            a.id
-        );
-        return Ok(Exit::NothingMatched);
-    };
-    if a.common.json {
-        print_json(&entry)?;
-    } else {
-        println!("id:            {}", entry.id);
-        println!("topic:         {}", entry.topic);
-        println!(
-            "ordering key:  {}",
-            entry.ordering_key.as_deref().unwrap_or("-")
-        );
-        println!("dedupe key:    {}", entry.dedupe_key);
-        println!(
-            "outbox id:     {}",
-            entry.outbox_id.map_or("-".to_owned(), |i| i.to_string())
-        );
-        println!("source:        {}", entry.source);
-        println!("enqueued at:   {}", entry.created_at.to_rfc3339());
-        println!("failed at:     {}", entry.failed_at.to_rfc3339());
-        println!("attempts:      {}", entry.attempts);
-        println!("error kind:    {}", entry.error_kind);
-        println!("error:         {}", entry.last_error);
-        println!(
-            "attributes:    {}",
-            serde_json::to_string(&entry.attributes).unwrap_or_default()
-        );
-        println!("payload:       {} bytes", entry.payload_bytes);
-        println!(
-            "preview:       {}",
-            entry
-                .payload_preview
-                .as_deref()
-                .unwrap_or("(binary: not shown)")
-        );
-    }
-    Ok(Exit::Ok)
+/// What to say about a message the dispatcher refused itself.
+const REFUSED_HINT: &str = "The dispatcher refused this message itself (a limit check, before \
+                            sending): a replay runs the same check and dead-letters it again. \
+                            Discard it, or fix it at the source and write it again.";
+
+/// A checked `replay` or `discard`.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    action: &'static str,
+    filter: Filter,
+    ids: Vec<i64>,
+    who: Actor,
+    dry_run: bool,
+    batch_size: i64,
+    rate: f64,
+    notify_channel: String,
 }
 
-async fn change(a: &ChangeArgs, pool: &PgPool, action: &'static str) -> Result<Exit, OpsError> {
-    if action == "replay" && a.older_than.is_some() {
-        return Err(OpsError::Usage(
-            "--older-than is for discard; replay takes --failed-before".to_owned(),
-        ));
+impl ChangeArgs {
+    fn plan(
+        &self,
+        action: &'static str,
+        now: DateTime<Utc>,
+        older_than: Option<Duration>,
+    ) -> Result<Plan, OpsError> {
+        let filter = self.selection.filter(&self.ids, now, older_than)?;
+        let by_filter = self.ids.is_empty();
+        if by_filter && filter.is_empty() {
+            return Err(OpsError::Usage(format!(
+                "{action} needs dead letter ids or a filter (--topic, --kind, --ordering-key, \
+                 --dedupe-prefix, --failed-before/--failed-after, --error-contains{})",
+                if action == "discard" {
+                    ", --older-than"
+                } else {
+                    ""
+                }
+            )));
+        }
+        if self.rate.is_nan() || self.rate <= 0.0 {
+            return Err(OpsError::Usage(format!(
+                "--rate must be above 0, got {}",
+                self.rate
+            )));
+        }
+        let who = self.why.check(&format!(
+            "say why the dead letters are {action}ed (it goes to the audit trail)"
+        ))?;
+        self.confirm.check(by_filter, action, "dead letter")?;
+        Ok(Plan {
+            action,
+            filter,
+            ids: self.ids.clone(),
+            who,
+            dry_run: self.confirm.dry_run,
+            batch_size: self.batch_size,
+            rate: self.rate,
+            notify_channel: self.wake.notify_channel.clone(),
+        })
     }
-    let filter = a.selection.filter(&a.ids, a.older_than.as_deref())?;
-    let by_filter = a.ids.is_empty();
-    if by_filter && filter.is_empty() {
-        return Err(OpsError::Usage(format!(
-            "{action} needs dead letter ids or a filter (--topic, --kind, --ordering-key, --dedupe-prefix, --failed-before/--failed-after, --error-contains{})",
-            if action == "discard" {
-                ", --older-than"
-            } else {
-                ""
-            }
-        )));
+}
+
+impl Command for ReplayArgs {
+    type Checked = Plan;
+
+    fn check(&self, now: DateTime<Utc>) -> Result<Plan, OpsError> {
+        self.change.plan("replay", now, None)
     }
-    if a.rate.is_nan() || a.rate <= 0.0 {
-        return Err(OpsError::Usage(format!(
-            "--rate must be above 0, got {}",
-            a.rate
-        )));
+
+    async fn run(plan: Plan, pool: &PgPool) -> Result<Output, OpsError> {
+        change(plan, pool).await
     }
-    let reason = a.why.reason()?;
-    if by_filter && !a.yes && !a.dry_run {
-        return Err(OpsError::Usage(format!(
-            "{action} by filter changes every matching dead letter: check with --dry-run, then add --yes"
-        )));
+}
+
+impl Command for DiscardArgs {
+    type Checked = Plan;
+
+    fn check(&self, now: DateTime<Utc>) -> Result<Plan, OpsError> {
+        let older_than = self
+            .older_than
+            .as_deref()
+            .map(|s| parse_age("--older-than", s))
+            .transpose()?;
+        self.change.plan("discard", now, older_than)
     }
-    let actor = a.why.actor();
-    let selector = serde_json::to_value(&filter).unwrap_or_default();
+
+    async fn run(plan: Plan, pool: &PgPool) -> Result<Output, OpsError> {
+        change(plan, pool).await
+    }
+}
+
+/// What a replay or discard did (or would do, with `--dry-run`).
+#[derive(Debug, Clone, Serialize)]
+pub struct ChangeReport {
+    pub action: &'static str,
+    pub dry_run: bool,
+    pub ids: Vec<i64>,
+    pub count: usize,
+    /// Selected but left in place (replay: the dedupe key is back in the outbox already).
+    pub skipped: Vec<i64>,
+    pub audit_ids: Vec<i64>,
+    /// Replay: the ids the dispatcher refused itself, which it will dead-letter again.
+    pub refused_locally: Vec<i64>,
+}
+
+/// Replays or discards the plan's dead letters, a batch per transaction.
+async fn change(plan: Plan, pool: &PgPool) -> Result<Output, OpsError> {
+    let action = plan.action;
+    let selector = serde_json::to_value(&plan.filter).map_err(OpsError::Encode)?;
     let mut report = ChangeReport {
         action,
-        dry_run: a.dry_run,
+        dry_run: plan.dry_run,
         ids: Vec::new(),
         count: 0,
         skipped: Vec::new(),
         audit_ids: Vec::new(),
+        refused_locally: Vec::new(),
     };
     let mut before_id = None;
     loop {
         let started = std::time::Instant::now();
-        let mut tx = begin(pool).await?;
-        let page: Vec<i64> = dead_letter::select(&mut tx, &filter, a.batch_size, before_id)
-            .await?
-            .iter()
-            .map(|d| d.id)
-            .collect();
-        let Some(last) = page.last().copied() else {
+        let mut tx = pool.begin().await?;
+        let page = dead_letter::select(&mut tx, &plan.filter, plan.batch_size, before_id).await?;
+        let Some(last) = page.last().map(|d| d.id) else {
             break;
         };
         before_id = Some(last);
-        if a.dry_run {
+        if action == "replay" {
+            report.refused_locally.extend(
+                page.iter()
+                    .filter(|d| d.last_error.starts_with(REFUSED_LOCALLY))
+                    .map(|d| d.id),
+            );
+        }
+        let page: Vec<i64> = page.iter().map(|d| d.id).collect();
+        if plan.dry_run {
             report.ids.extend(&page);
             continue;
         }
@@ -404,62 +540,89 @@ async fn change(a: &ChangeArgs, pool: &PgPool, action: &'static str) -> Result<E
             .extend(page.iter().filter(|id| !done.contains(id)));
         if !done.is_empty() {
             let entry = Action {
-                actor: actor.as_deref(),
+                actor: plan.who.actor.as_deref(),
                 action,
                 selector: selector.clone(),
                 row_ids: &done,
-                reason,
+                reason: &plan.who.reason,
             };
             report.audit_ids.push(audit::record(&mut tx, &entry).await?);
+            // Replayed rows are due now; a discard may release the key its entry blocked.
+            notify::notify(&mut tx, &plan.notify_channel).await?;
         }
         tx.commit().await?;
         report.ids.extend(&done);
         // Rate limit: at most `rate` entries per second across batches.
-        let budget = Duration::from_secs_f64(page.len() as f64 / a.rate);
+        let budget = Duration::from_secs_f64(page.len() as f64 / plan.rate);
         if let Some(wait) = budget.checked_sub(started.elapsed()) {
             tokio::time::sleep(wait).await;
         }
-        if !a.ids.is_empty() {
+        if !plan.ids.is_empty() {
             break;
         }
     }
     report.count = report.ids.len();
-    if a.common.json {
-        print_json(&report)?;
-    } else {
-        let verb = match (action, a.dry_run) {
-            ("replay", true) => "would replay",
-            ("replay", false) => "replayed",
-            (_, true) => "would discard",
-            (_, false) => "discarded",
-        };
-        println!("{verb} {} dead letter(s): {:?}", report.count, report.ids);
-        if !report.skipped.is_empty() {
-            println!(
-                "left in place (the dedupe key is in the outbox already): {:?}",
-                report.skipped
-            );
-        }
+    let verb = match (action, plan.dry_run) {
+        ("replay", true) => "would replay",
+        ("replay", false) => "replayed",
+        (_, true) => "would discard",
+        (_, false) => "discarded",
+    };
+    let mut text = format!("{verb} {} dead letter(s): {:?}\n", report.count, report.ids);
+    if !report.skipped.is_empty() {
+        text.push_str(&format!(
+            "left in place (the dedupe key is in the outbox already): {:?}\n",
+            report.skipped
+        ));
     }
-    if !a.ids.is_empty() && !a.dry_run {
-        let unknown: Vec<i64> = a
-            .ids
-            .iter()
-            .copied()
-            .filter(|id| !report.ids.contains(id) && !report.skipped.contains(id))
-            .collect();
-        if !unknown.is_empty() {
-            eprintln!("error: no dead letter with id(s) {unknown:?}");
-            return Ok(if report.count == 0 {
-                Exit::NothingMatched
-            } else {
-                Exit::Failed
-            });
-        }
+    let unknown: Vec<i64> = plan
+        .ids
+        .iter()
+        .copied()
+        .filter(|id| !report.ids.contains(id) && !report.skipped.contains(id))
+        .collect();
+    let exit = match (report.count, unknown.is_empty()) {
+        (0, _) => Exit::NothingMatched,
+        (_, false) => Exit::Failed,
+        (_, true) => Exit::Ok,
+    };
+    let refused = report.refused_locally.clone();
+    let mut out = Output::new(text, &report, exit)?;
+    if !refused.is_empty() {
+        out = out.note(format!(
+            "warning: dead letter(s) {refused:?} were refused by the dispatcher itself (a limit \
+             check, before sending): replayed, they are dead-lettered again. Discard them, or fix \
+             them at the source and write them again"
+        ));
     }
-    Ok(if report.count == 0 {
-        Exit::NothingMatched
-    } else {
-        Exit::Ok
-    })
+    if !unknown.is_empty() {
+        out = out.note(format!("error: no dead letter with id(s) {unknown:?}"));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_preview_is_the_text_as_stored_and_the_table_escapes_only_controls() {
+        let json = br#"{"seq":3}"#;
+        assert_eq!(preview(json, 200).as_deref(), Some(r#"{"seq":3}"#));
+        assert_eq!(printable(r#"{"seq":3}"#), r#"{"seq":3}"#);
+        assert_eq!(printable("a\nb\u{1b}[0m"), "a\\nb\\u{1b}[0m");
+        assert_eq!(
+            serde_json::to_string(&preview(json, 200)).ok().as_deref(),
+            Some(r#""{\"seq\":3}""#),
+            "escaped once, as JSON"
+        );
+    }
+
+    #[test]
+    fn a_cut_through_a_character_is_text_and_binary_is_not() {
+        let text = "aé".repeat(100);
+        let cut = preview(text.as_bytes(), 200).expect("text");
+        assert!(cut.len() <= 200 && text.starts_with(&cut));
+        assert_eq!(preview(&[0xff, 0xfe, 0x00], 200), None);
+    }
 }

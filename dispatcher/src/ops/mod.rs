@@ -2,47 +2,59 @@
 //! database login (never the dispatcher's): from a laptop through the Auth Proxy, or in the
 //! cluster with `deploy/k8s/operator/run` (deploy/README.md, "Operators").
 //!
-//! Each command is options (clap) with their checks, then a run over one shared bootstrap
-//! ([`Common`]: connect, print a table or `--json`). Every change writes one audit row in the
-//! same transaction as the change; destructive commands need `--reason`, bulk ones `--yes`.
-//! Exit codes: 0 ok, 1 failed, 2 bad usage, 3 nothing matched ([`Exit`]).
+//! Each command is built on the one operator framework both binaries share
+//! ([`outbox_runtime::operator`]: options, a pure check, a run returning an output value, exit
+//! codes); what is particular to the dispatcher's commands is here: topic names (resolved,
+//! checked against Pub/Sub's grammar and against the topics the database knows) and waking the
+//! dispatchers after a change that releases rows.
 
 mod audit;
 mod dead_letters;
 mod pause;
+mod replicas;
 mod status;
 
 use clap::Subcommand;
-use outbox_runtime::db::DatabaseArgs;
-use outbox_runtime::operator::{Exit, describe};
+use outbox_runtime::operator::{Common, Exit, OpsError, execute, near};
 use outbox_runtime::telemetry::TelemetryArgs;
-use sqlx::PgPool;
+use outbox_shared::store::{notify, topic};
+use sqlx::PgConnection;
 
-pub use outbox_runtime::table::Table;
+/// The `application_name` of the operator commands' sessions.
+const APPLICATION: &str = "pubsub-outbox-operator";
 
 /// The operator's commands.
 #[derive(Debug, Clone, Subcommand)]
 pub enum OpsCommand {
-    /// Per topic: due, waiting, oldest due age, dead letters, paused; producer streams;
-    /// replicas; warnings for what needs action.
-    ///
-    /// Examples: `dispatcher status`, `dispatcher status --json | jq .warnings`
+    /// Per topic: claimable now, held (paused or behind a dead letter), waiting, oldest due age,
+    /// dead letters, paused; producer streams; replicas; warnings for what needs action.
+    #[command(
+        after_help = "Examples:\n  dispatcher status\n  dispatcher status --json | jq .warnings"
+    )]
     Status(status::StatusArgs),
     /// Inspect, replay or discard dead letters.
     #[command(subcommand, name = "dead-letters")]
     DeadLetters(Box<dead_letters::DeadLettersCommand>),
-    /// Stop claiming a topic's messages (they accumulate; nothing is dead-lettered). Audited.
-    ///
-    /// Example: `dispatcher pause invoices --reason "billing consumer down, INC-1234"`
+    /// Stop claiming a topic's messages (they accumulate; nothing is dead-lettered). In force
+    /// when it returns: no claim takes the topic's rows from then on. Audited.
+    #[command(
+        after_help = "Examples:\n  dispatcher pause projects/billing-prod/topics/invoices --reason \"billing consumer down, INC-1234\"\n  \
+                      dispatcher pause invoices --pubsub-project billing-prod --new-topic --reason \"before its first message\""
+    )]
     Pause(pause::PauseArgs),
-    /// Claim a paused topic's messages again. Audited.
-    ///
-    /// Example: `dispatcher resume invoices --reason "consumer fixed"`
-    Resume(pause::PauseArgs),
+    /// Claim a paused topic's messages again (and wake the dispatchers). Audited.
+    #[command(
+        after_help = "Example:\n  dispatcher resume projects/billing-prod/topics/invoices --reason \"consumer fixed\""
+    )]
+    Resume(pause::ResumeArgs),
     /// The audit trail of operator actions, newest first.
-    ///
-    /// Examples: `dispatcher audit`, `dispatcher audit --action replay --since 2026-12-01T00:00:00Z`
+    #[command(
+        after_help = "Examples:\n  dispatcher audit\n  dispatcher audit --action replay --since 2026-12-01T00:00:00Z"
+    )]
     Audit(audit::AuditArgs),
+    /// The replicas' heartbeat rows.
+    #[command(subcommand)]
+    Replicas(replicas::ReplicasCommand),
 }
 
 impl OpsCommand {
@@ -55,138 +67,93 @@ impl OpsCommand {
         match self {
             Self::Status(a) => &a.common,
             Self::DeadLetters(c) => c.common(),
-            Self::Pause(a) | Self::Resume(a) => &a.common,
+            Self::Pause(a) => &a.common,
+            Self::Resume(a) => &a.common,
             Self::Audit(a) => &a.common,
+            Self::Replicas(c) => c.common(),
         }
     }
 
-    /// Runs the command; prints its result (or its error) and says how it ended.
+    /// Runs the command: checks its options, connects, prints the result (or the error, each
+    /// cause once) and says how it ended.
     pub async fn run(&self) -> Exit {
         let common = self.common();
-        let pool =
-            match outbox_runtime::db::connect(&common.database, "pubsub-outbox-operator").await {
-                Ok(pool) => pool,
-                Err(e) => return fail(&e),
-            };
-        let outcome = match self {
-            Self::Status(a) => status::run(a, &pool).await,
-            Self::DeadLetters(c) => dead_letters::run(c, &pool).await,
-            Self::Pause(a) => pause::pause(a, &pool).await,
-            Self::Resume(a) => pause::resume(a, &pool).await,
-            Self::Audit(a) => audit::run(a, &pool).await,
-        };
-        pool.close().await;
-        match outcome {
-            Ok(exit) => exit,
-            Err(OpsError::Usage(message)) => {
-                eprintln!("error: {message}");
-                Exit::Usage
-            }
-            Err(OpsError::Store(e)) => fail(&e),
+        match self {
+            Self::Status(a) => execute(a, common, APPLICATION).await,
+            Self::DeadLetters(c) => c.execute(common, APPLICATION).await,
+            Self::Pause(a) => execute(a, common, APPLICATION).await,
+            Self::Resume(a) => execute(a, common, APPLICATION).await,
+            Self::Audit(a) => execute(a, common, APPLICATION).await,
+            Self::Replicas(c) => c.execute(common, APPLICATION).await,
         }
     }
 }
 
-fn fail(e: &(dyn std::error::Error + 'static)) -> Exit {
-    eprintln!("error: {}", describe(e));
-    Exit::Failed
-}
-
-/// What every operator command takes.
+/// A topic as the commands take it: a full name, or a short one with `--pubsub-project`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct Common {
-    #[command(flatten)]
-    pub database: DatabaseArgs,
-    #[command(flatten)]
-    pub telemetry: TelemetryArgs,
-    /// Print JSON (a stable shape, documented in README) instead of a table.
-    #[arg(long)]
-    pub json: bool,
+pub struct ProjectArg {
+    /// Project for a short topic name.
+    #[arg(long, env = "PUBSUB_PROJECT_ID", default_value = "")]
+    pub pubsub_project: String,
 }
 
-/// Who acts and why: required by every change.
-#[derive(Debug, Clone, clap::Args)]
-pub struct Why {
-    /// Why (written to the audit trail). Required.
-    #[arg(long)]
-    pub reason: Option<String>,
-    /// Who acts (default: OUTBOX_ACTOR, else the OS user, else the database login). The audit
-    /// trail also records the database login itself, whatever this says.
-    #[arg(long)]
-    pub actor: Option<String>,
+impl ProjectArg {
+    /// The full topic name for `given`, checked against Pub/Sub's resource-name rules.
+    pub fn topic(&self, given: &str) -> Result<String, OpsError> {
+        outbox_shared::resolve_topic(&self.pubsub_project, given)
+            .map_err(|e| OpsError::Usage(format!("topic {e}")))
+    }
 }
 
-impl Why {
-    /// The reason, or a usage error naming the flag.
-    pub fn reason(&self) -> Result<&str, OpsError> {
-        match self.reason.as_deref().map(str::trim) {
-            Some(r) if !r.is_empty() => Ok(r),
-            _ => Err(OpsError::Usage(
-                "--reason is required: say why (it goes to the audit trail)".to_owned(),
-            )),
+/// The full name of `given`, which must be a valid topic name and, unless `allow_unknown`, one an
+/// outbox row, a dead letter, a pause or a replica names. A refusal (exit 2) lists the known
+/// topics near `given` (a typo in a valid-looking name would otherwise change nothing, exit 0).
+pub async fn known_topic(
+    conn: &mut PgConnection,
+    project: &ProjectArg,
+    given: &str,
+    allow_unknown: bool,
+) -> Result<String, OpsError> {
+    let why = match project.topic(given) {
+        Ok(name) if allow_unknown || topic::is_known(conn, &name).await? => return Ok(name),
+        Ok(name) => format!(
+            "topic {name:?} is not known here: no outbox row, dead letter, pause, replica or \
+             audit entry names it"
+        ),
+        Err(e) => e.to_string(),
+    };
+    let all = topic::all(conn).await?;
+    Err(OpsError::Usage(format!(
+        "{why} ({}). Check the name{}",
+        did_you_mean(given, &all),
+        if allow_unknown {
+            ""
+        } else {
+            "; for a topic with no message here yet (or none left: published rows are deleted), \
+             add --new-topic"
         }
-    }
-
-    /// The declared actor, if any.
-    pub fn actor(&self) -> Option<String> {
-        outbox_runtime::operator::actor(self.actor.as_deref())
-    }
+    )))
 }
 
-/// How an operator command fails.
-#[derive(Debug)]
-pub enum OpsError {
-    /// Bad usage (exit 2): the message names the bad value.
-    Usage(String),
-    /// The database failed (exit 1).
-    Store(outbox_shared::Error),
-}
-
-impl From<outbox_shared::Error> for OpsError {
-    fn from(e: outbox_shared::Error) -> Self {
-        Self::Store(e)
+/// "did you mean …" for `given` among `known`, or what is known when nothing is close.
+pub fn did_you_mean(given: &str, known: &[String]) -> String {
+    let close = near(given, known.iter().map(String::as_str));
+    match (close.is_empty(), known.is_empty()) {
+        (false, _) => format!("did you mean {}?", close.join(" or ")),
+        (true, true) => "no topic is known yet".to_owned(),
+        (true, false) if known.len() <= 10 => format!("known: {}", known.join(", ")),
+        (true, false) => format!(
+            "{} topics are known; dispatcher status lists them",
+            known.len()
+        ),
     }
 }
 
-impl From<sqlx::Error> for OpsError {
-    fn from(source: sqlx::Error) -> Self {
-        Self::Store(outbox_shared::Error::Database {
-            context: "running an operator command",
-            source,
-        })
-    }
-}
-
-/// Prints `value` as JSON (pretty, one document).
-pub fn print_json(value: &impl serde::Serialize) -> Result<(), OpsError> {
-    let text = serde_json::to_string_pretty(value)
-        .map_err(|e| OpsError::Usage(format!("encoding JSON failed: {e}")))?;
-    println!("{text}");
-    Ok(())
-}
-
-/// A full topic name for `topic` (short names need `--pubsub-project`/`PUBSUB_PROJECT_ID`).
-pub fn topic_name(project: &str, topic: &str) -> Result<String, OpsError> {
-    outbox_shared::resolve_topic(project, topic).map_err(|e| OpsError::Usage(format!("topic {e}")))
-}
-
-/// Parses an RFC 3339 instant or a duration ago (`2026-12-01T00:00:00Z`, `2h`).
-pub fn instant(flag: &str, s: &str) -> Result<chrono::DateTime<chrono::Utc>, OpsError> {
-    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
-        return Ok(t.with_timezone(&chrono::Utc));
-    }
-    match humantime::parse_duration(s)
-        .ok()
-        .and_then(|d| chrono::Duration::from_std(d).ok())
-    {
-        Some(ago) => Ok(chrono::Utc::now() - ago),
-        None => Err(OpsError::Usage(format!(
-            "{flag} {s:?} is neither an RFC 3339 time (2026-12-01T00:00:00Z) nor a duration ago (2h, 30m)"
-        ))),
-    }
-}
-
-/// Opens a transaction for a change.
-pub async fn begin(pool: &PgPool) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, OpsError> {
-    Ok(pool.begin().await?)
+/// The channel the dispatchers LISTEN on: a change that makes rows claimable notifies it.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Wake {
+    /// The dispatchers' LISTEN channel (their --notify-channel), notified when a change makes
+    /// rows claimable, so they claim at once instead of at their next poll.
+    #[arg(long, env = "OUTBOX_NOTIFY_CHANNEL", default_value = notify::DEFAULT_CHANNEL)]
+    pub notify_channel: String,
 }

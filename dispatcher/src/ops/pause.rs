@@ -1,82 +1,206 @@
-//! `dispatcher pause TOPIC` / `dispatcher resume TOPIC`: persisted in the database and honoured
-//! by every replica's next claim; each writes its audit row in the same transaction.
+//! `dispatcher pause TOPIC` / `dispatcher resume TOPIC`: persisted in the database, each with
+//! its audit row in the same transaction.
+//!
+//! A pause is in force when the command returns: both claims read the pause table in the claim
+//! statement itself (`outbox_shared::store::claim`), so no claim whose snapshot includes the
+//! pause takes the topic's rows, and one whose snapshot predates it cannot see a row committed
+//! after it. (Batches claimed before the pause finish.) A resume notifies the dispatchers so the
+//! topic's rows are claimed at once.
 
-use outbox_runtime::operator::Exit;
+use chrono::{DateTime, Utc};
+use outbox_runtime::operator::{Actor, Command, Common, Exit, OpsError, Output, Why};
 use outbox_shared::store::audit::{self, Action};
-use outbox_shared::store::pause;
+use outbox_shared::store::{notify, pause};
+use serde::Serialize;
 use sqlx::PgPool;
 
-use super::{Common, OpsError, Why, begin, print_json, topic_name};
+use super::{ProjectArg, Wake, did_you_mean, known_topic};
 
-/// `pause` / `resume` options.
+/// `pause` options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct PauseArgs {
     #[command(flatten)]
     pub common: Common,
-    /// The topic (full name, or short with --pubsub-project).
+    /// The topic (full name, or short with --pubsub-project). It must be known: named by an
+    /// outbox row, a dead letter, a replica's --topic list or an earlier audit entry.
     pub topic: String,
-    /// Project for a short topic name.
-    #[arg(long, env = "PUBSUB_PROJECT_ID", default_value = "")]
-    pub pubsub_project: String,
+    #[command(flatten)]
+    pub project: ProjectArg,
+    /// Pause a topic the database does not know (no message yet, or all published and deleted).
+    #[arg(long)]
+    pub new_topic: bool,
     #[command(flatten)]
     pub why: Why,
 }
 
-/// Pauses the topic.
-pub async fn pause(a: &PauseArgs, pool: &PgPool) -> Result<Exit, OpsError> {
-    change(a, pool, "pause").await
+/// `resume` options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ResumeArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// The paused topic (full name, or short with --pubsub-project).
+    pub topic: String,
+    #[command(flatten)]
+    pub project: ProjectArg,
+    #[command(flatten)]
+    pub why: Why,
+    #[command(flatten)]
+    pub wake: Wake,
 }
 
-/// Resumes the topic.
-pub async fn resume(a: &PauseArgs, pool: &PgPool) -> Result<Exit, OpsError> {
-    change(a, pool, "resume").await
+/// A checked pause or resume.
+#[derive(Debug, Clone)]
+pub struct Change {
+    /// The topic as given (resolved and looked up in the run).
+    given: String,
+    project: ProjectArg,
+    who: Actor,
+    /// Pause: accept a topic nobody names yet.
+    new_topic: bool,
+    /// Resume: the channel to notify.
+    notify_channel: Option<String>,
 }
 
-async fn change(a: &PauseArgs, pool: &PgPool, action: &'static str) -> Result<Exit, OpsError> {
-    let topic = topic_name(&a.pubsub_project, &a.topic)?;
-    let reason = a.why.reason()?;
-    let actor = a.why.actor();
-    let mut tx = begin(pool).await?;
-    let changed = match action {
-        "pause" => pause::pause(&mut tx, &topic, actor.as_deref(), reason).await?,
-        _ => pause::resume(&mut tx, &topic).await?,
-    };
-    let audit_id = if changed {
-        let entry = Action {
-            actor: actor.as_deref(),
-            action,
-            selector: serde_json::json!({ "topic": topic }),
-            row_ids: &[],
-            reason,
-        };
-        Some(audit::record(&mut tx, &entry).await?)
-    } else {
-        None
-    };
-    tx.commit().await?;
-    if a.common.json {
-        print_json(
-            &serde_json::json!({ "action": action, "topic": topic, "changed": changed, "audit_id": audit_id }),
-        )?;
-    } else if changed {
-        println!(
-            "{topic}: {}d (audit entry {}).",
-            action,
-            audit_id.unwrap_or_default()
-        );
-    } else {
-        println!(
-            "{topic}: already {}; nothing changed.",
-            if action == "pause" {
-                "paused"
-            } else {
-                "not paused"
-            }
-        );
+impl Change {
+    /// A change of `given`, `done` ("paused", "resumed") for the reason `why` gives.
+    fn new(given: &str, project: &ProjectArg, why: &Why, done: &str) -> Result<Self, OpsError> {
+        Ok(Self {
+            given: given.to_owned(),
+            project: project.clone(),
+            who: why.check(&format!(
+                "say why the topic is {done} (it goes to the audit trail)"
+            ))?,
+            new_topic: false,
+            notify_channel: None,
+        })
     }
-    Ok(if changed {
+}
+
+/// `pause` / `resume --json`.
+#[derive(Debug, Clone, Serialize)]
+struct Report {
+    action: &'static str,
+    topic: String,
+    changed: bool,
+    audit_id: Option<i64>,
+}
+
+impl Command for PauseArgs {
+    type Checked = Change;
+
+    fn check(&self, _now: DateTime<Utc>) -> Result<Change, OpsError> {
+        Change::new(&self.topic, &self.project, &self.why, "paused").map(|c| Change {
+            new_topic: self.new_topic,
+            ..c
+        })
+    }
+
+    async fn run(c: Change, pool: &PgPool) -> Result<Output, OpsError> {
+        let mut tx = pool.begin().await?;
+        let topic = known_topic(&mut tx, &c.project, &c.given, c.new_topic).await?;
+        let changed = pause::pause(&mut tx, &topic, c.who.actor.as_deref(), &c.who.reason).await?;
+        let audit_id = record(&mut tx, changed, "pause", &topic, &c.who).await?;
+        tx.commit().await?;
+        let text = match audit_id {
+            Some(id) => format!(
+                "{}: paused (audit entry {id}). No claim takes its messages from now on; they \
+                 accumulate until `dispatcher resume`.\n",
+                topic
+            ),
+            None => format!("{}: already paused; nothing changed.\n", topic),
+        };
+        report(text, "pause", topic, audit_id)
+    }
+}
+
+impl Command for ResumeArgs {
+    type Checked = Change;
+
+    fn check(&self, _now: DateTime<Utc>) -> Result<Change, OpsError> {
+        Change::new(&self.topic, &self.project, &self.why, "resumed").map(|c| Change {
+            notify_channel: Some(self.wake.notify_channel.clone()),
+            ..c
+        })
+    }
+
+    async fn run(c: Change, pool: &PgPool) -> Result<Output, OpsError> {
+        let mut tx = pool.begin().await?;
+        let topic = known_topic(&mut tx, &c.project, &c.given, true).await?;
+        let changed = pause::resume(&mut tx, &topic).await?;
+        let audit_id = record(&mut tx, changed, "resume", &topic, &c.who).await?;
+        if let (true, Some(channel)) = (changed, &c.notify_channel) {
+            notify::notify(&mut tx, channel).await?;
+        }
+        let paused: Vec<String> = if changed {
+            Vec::new()
+        } else {
+            pause::topics(&mut tx).await?
+        };
+        tx.commit().await?;
+        match audit_id {
+            Some(id) => report(
+                format!(
+                    "{}: resumed (audit entry {id}); the dispatchers were woken.\n",
+                    topic
+                ),
+                "resume",
+                topic,
+                audit_id,
+            ),
+            None => {
+                let hint = if paused.is_empty() {
+                    "no topic is paused".to_owned()
+                } else {
+                    did_you_mean(&topic, &paused)
+                };
+                report(
+                    format!("{}: not paused ({hint}); nothing changed.\n", topic),
+                    "resume",
+                    topic,
+                    None,
+                )
+            }
+        }
+    }
+}
+
+/// Writes the audit row of a change that happened.
+async fn record(
+    tx: &mut sqlx::PgConnection,
+    changed: bool,
+    action: &'static str,
+    topic: &str,
+    who: &Actor,
+) -> Result<Option<i64>, OpsError> {
+    if !changed {
+        return Ok(None);
+    }
+    let entry = Action {
+        actor: who.actor.as_deref(),
+        action,
+        selector: serde_json::json!({ "topic": topic }),
+        row_ids: &[],
+        reason: &who.reason,
+    };
+    Ok(Some(audit::record(tx, &entry).await?))
+}
+
+fn report(
+    text: String,
+    action: &'static str,
+    topic: String,
+    audit_id: Option<i64>,
+) -> Result<Output, OpsError> {
+    let exit = if audit_id.is_some() {
         Exit::Ok
     } else {
         Exit::NothingMatched
-    })
+    };
+    let report = Report {
+        action,
+        topic,
+        changed: audit_id.is_some(),
+        audit_id,
+    };
+    Output::new(text, &report, exit)
 }

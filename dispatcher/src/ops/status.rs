@@ -4,15 +4,14 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use outbox_runtime::operator::Exit;
+use outbox_runtime::operator::{Command, Common, Exit, OpsError, Output};
+use outbox_runtime::table::Table;
 use outbox_shared::store::status::{
     BlockedKey, LongTransaction, StreamState, TableHealth, TopicState,
 };
 use outbox_shared::store::{pause, replica, status};
 use serde::Serialize;
 use sqlx::PgPool;
-
-use super::{Common, OpsError, Table, print_json};
 
 /// A replica whose heartbeat is older than this is shown as gone.
 pub const STALE_AFTER: Duration = Duration::from_secs(30);
@@ -73,12 +72,35 @@ pub struct StreamStatus {
     pub lag_seconds: Option<f64>,
 }
 
+/// A checked `status`.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    long_transaction: Duration,
+    skip_dead_letter_topics: Vec<String>,
+}
+
+impl Command for StatusArgs {
+    type Checked = Settings;
+
+    fn check(&self, _now: DateTime<Utc>) -> Result<Settings, OpsError> {
+        Ok(Settings {
+            long_transaction: self.long_transaction,
+            skip_dead_letter_topics: self.skip_dead_letter_topics.clone(),
+        })
+    }
+
+    async fn run(settings: Settings, pool: &PgPool) -> Result<Output, OpsError> {
+        let s = read(&settings, pool).await?;
+        Output::new(render(&s), &s, Exit::Ok)
+    }
+}
+
 /// Reads everything `status` shows.
-pub async fn read(args: &StatusArgs, pool: &PgPool) -> Result<Status, OpsError> {
+async fn read(args: &Settings, pool: &PgPool) -> Result<Status, OpsError> {
     // Read-only, inside a transaction (as behind a transaction-mode pooler it must be).
     let mut conn = pool.begin().await?;
     let (now, replicas) = replica::list(&mut conn).await?;
-    let topics = status::topics(&mut conn, now).await?;
+    let topics = status::topics(&mut conn, now, &args.skip_dead_letter_topics).await?;
     let paused = pause::list(&mut conn).await?;
     let blocked_keys = status::blocked_keys(&mut conn, &args.skip_dead_letter_topics).await?;
     let streams = status::streams(&mut conn)
@@ -126,7 +148,7 @@ fn seconds(d: chrono::Duration) -> f64 {
     d.num_milliseconds() as f64 / 1000.0
 }
 
-fn warnings(s: &Status, args: &StatusArgs) -> Vec<String> {
+fn warnings(s: &Status, args: &Settings) -> Vec<String> {
     let mut w = Vec::new();
     for k in &s.blocked_keys {
         w.push(format!(
@@ -143,7 +165,9 @@ fn warnings(s: &Status, args: &StatusArgs) -> Vec<String> {
     }
     for r in s.replicas.iter().filter(|r| !r.alive) {
         w.push(format!(
-            "replica {} ({}) has not sent a heartbeat for {:.0} s: it is gone or wedged",
+            "replica {} ({}) has not sent a heartbeat for {:.0} s: it is gone or wedged (its row is \
+             forgotten after the replicas' --forget-replicas-after; dispatcher replicas prune \
+             --reason … removes it now)",
             r.replica.replica_id, r.replica.hostname, r.heartbeat_age_seconds
         ));
     }
@@ -173,16 +197,13 @@ fn warnings(s: &Status, args: &StatusArgs) -> Vec<String> {
     w
 }
 
-/// `dispatcher status`.
-pub async fn run(args: &StatusArgs, pool: &PgPool) -> Result<Exit, OpsError> {
-    let s = read(args, pool).await?;
-    if args.common.json {
-        print_json(&s)?;
-        return Ok(Exit::Ok);
-    }
+/// The tables people read.
+fn render(s: &Status) -> String {
+    let mut out = String::new();
     let mut t = Table::new(&[
         "TOPIC",
         "DUE",
+        "HELD",
         "WAITING",
         "NEXT DUE",
         "OLDEST DUE AGE",
@@ -193,6 +214,7 @@ pub async fn run(args: &StatusArgs, pool: &PgPool) -> Result<Exit, OpsError> {
         t.row(vec![
             topic.topic.clone(),
             topic.due_now.to_string(),
+            topic.held.to_string(),
             topic.waiting.to_string(),
             topic.next_due_at.map_or("-".to_owned(), |d| d.to_rfc3339()),
             format!("{:.1}s", topic.oldest_due_age_seconds),
@@ -200,21 +222,14 @@ pub async fn run(args: &StatusArgs, pool: &PgPool) -> Result<Exit, OpsError> {
                 "{}/{}/{}",
                 topic.dead_permanent, topic.dead_exhausted, topic.dead_rejected
             ),
-            if topic.paused {
-                "yes".to_owned()
-            } else {
-                "no".to_owned()
-            },
+            if topic.paused { "yes" } else { "no" }.to_owned(),
         ]);
     }
-    print!(
-        "{}",
-        if t.is_empty() {
-            "No topic has messages or dead letters.\n".to_owned()
-        } else {
-            t.render()
-        }
-    );
+    out.push_str(&if t.is_empty() {
+        "No topic has messages or dead letters.\n".to_owned()
+    } else {
+        t.render()
+    });
     let mut streams = Table::new(&[
         "STREAM",
         "WATERMARK",
@@ -242,7 +257,8 @@ pub async fn run(args: &StatusArgs, pool: &PgPool) -> Result<Exit, OpsError> {
         ]);
     }
     if !streams.is_empty() {
-        print!("\n{}", streams.render());
+        out.push('\n');
+        out.push_str(&streams.render());
     }
     let mut replicas = Table::new(&[
         "REPLICA",
@@ -260,37 +276,35 @@ pub async fn run(args: &StatusArgs, pool: &PgPool) -> Result<Exit, OpsError> {
             r.replica.started_at.to_rfc3339(),
             format!("{:.0}s", r.heartbeat_age_seconds),
             if r.replica.breaker_open {
-                "open".to_owned()
+                "open"
             } else {
-                "closed".to_owned()
-            },
+                "closed"
+            }
+            .to_owned(),
             format!(
                 "{}/{}",
                 r.replica.batches_in_flight, r.replica.rows_in_flight
             ),
-            if r.alive {
-                "alive".to_owned()
-            } else {
-                "gone".to_owned()
-            },
+            if r.alive { "alive" } else { "gone" }.to_owned(),
         ]);
     }
     if !replicas.is_empty() {
-        print!("\n{}", replicas.render());
+        out.push('\n');
+        out.push_str(&replicas.render());
     }
-    println!(
-        "\noutbox table: {} live rows, {} dead rows, {} MiB",
+    out.push_str(&format!(
+        "\noutbox table: {} live rows, {} dead rows, {} MiB\n",
         s.outbox_table.live_rows,
         s.outbox_table.dead_rows,
         s.outbox_table.total_bytes / (1024 * 1024)
-    );
+    ));
     if s.warnings.is_empty() {
-        println!("No warnings.");
+        out.push_str("No warnings.\n");
     } else {
-        println!("\nWarnings:");
+        out.push_str("\nWarnings:\n");
         for w in &s.warnings {
-            println!("- {w}");
+            out.push_str(&format!("- {w}\n"));
         }
     }
-    Ok(Exit::Ok)
+    out
 }

@@ -36,7 +36,7 @@ payload = { raw_column = "body" }
 
 fn options() -> LoadOptions {
     LoadOptions {
-        pubsub_project: "p".into(),
+        pubsub_project: "test-project".into(),
         dedupe_attribute: "dedupe_key".into(),
     }
 }
@@ -55,7 +55,7 @@ fn a_valid_file_loads_every_stream_sorted_by_name() {
     let orders = &c.streams[1];
     assert_eq!(
         orders.topic,
-        TopicSpec::Fixed("projects/p/topics/orders".into())
+        TopicSpec::Fixed("projects/test-project/topics/orders".into())
     );
     assert_eq!(orders.lookback, Some(Duration::from_secs(900)));
     assert_eq!(orders.maximum_bytes_billed, Some(1_000_000_000));

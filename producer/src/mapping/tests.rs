@@ -24,7 +24,7 @@ fn stream() -> Stream {
             key_type: KeyType::Int64,
         },
         dedupe_key: vec!["id".into(), "ts_micros".into()],
-        topic: TopicSpec::Fixed("projects/p/topics/orders".into()),
+        topic: TopicSpec::Fixed("projects/test-project/topics/orders".into()),
         ordering_key_column: Some("customer".into()),
         attribute_columns: BTreeMap::from([("status".into(), "status".into())]),
         fixed_attributes: BTreeMap::from([("source".into(), "bq".into())]),
@@ -64,7 +64,7 @@ fn typical() -> TableRow {
         json!("c-1"),
         json!("paid"),
         json!("12.500"),
-        json!("t2"),
+        json!("orders-2"),
         json!("aGk="),
     ])
 }
@@ -72,7 +72,7 @@ fn typical() -> TableRow {
 #[test]
 fn a_row_becomes_a_message_as_configured() {
     let s = stream();
-    let m = Mapper::new(&s, &schema(), "dedupe_key", "p").expect("columns resolve");
+    let m = Mapper::new(&s, &schema(), "dedupe_key", "test-project").expect("columns resolve");
     let mapped = m.map_row(&typical()).expect("row maps");
     assert_eq!(
         mapped.position,
@@ -82,7 +82,7 @@ fn a_row_becomes_a_message_as_configured() {
         }
     );
     let msg = mapped.outcome.expect("publishable");
-    assert_eq!(msg.topic, "projects/p/topics/orders");
+    assert_eq!(msg.topic, "projects/test-project/topics/orders");
     assert_eq!(msg.ordering_key.as_deref(), Some("c-1"));
     assert_eq!(msg.dedupe_key, "orders:42:1000");
     assert_eq!(
@@ -103,7 +103,7 @@ fn a_row_becomes_a_message_as_configured() {
 fn dedupe_keys_escape_separators_so_distinct_rows_never_collide() {
     let mut s = stream();
     s.dedupe_key = vec!["customer".into(), "status".into()];
-    let m = Mapper::new(&s, &schema(), "dedupe_key", "p").expect("columns resolve");
+    let m = Mapper::new(&s, &schema(), "dedupe_key", "test-project").expect("columns resolve");
     let key = |customer: &str, status: &str| {
         let r = row(&[
             json!("1"),
@@ -129,7 +129,7 @@ fn dedupe_keys_escape_separators_so_distinct_rows_never_collide() {
 fn topics_come_from_a_column_and_bad_ones_are_rejected() {
     let mut s = stream();
     s.topic = TopicSpec::Column("topic".into());
-    let m = Mapper::new(&s, &schema(), "dedupe_key", "p").expect("columns resolve");
+    let m = Mapper::new(&s, &schema(), "dedupe_key", "test-project").expect("columns resolve");
     let with_topic = |t: serde_json::Value| {
         let r = row(&[
             json!("1"),
@@ -143,21 +143,25 @@ fn topics_come_from_a_column_and_bad_ones_are_rejected() {
         m.map_row(&r).expect("maps")
     };
     assert_eq!(
-        with_topic(json!("t2")).outcome.expect("short name").topic,
-        "projects/p/topics/t2"
+        with_topic(json!("orders-2"))
+            .outcome
+            .expect("short name")
+            .topic,
+        "projects/test-project/topics/orders-2"
     );
     assert_eq!(
-        with_topic(json!("projects/q/topics/t3"))
+        with_topic(json!("projects/billing-prod/topics/orders-3"))
             .outcome
             .expect("full name")
             .topic,
-        "projects/q/topics/t3"
+        "projects/billing-prod/topics/orders-3"
     );
     for bad in [
         json!(null),
         json!(""),
         json!("a/b"),
         json!("projects/q/subscriptions/s"),
+        json!("projects/billing-prod/topics/goog-orders"),
     ] {
         let rejection = with_topic(bad.clone())
             .outcome
@@ -174,7 +178,7 @@ fn topics_come_from_a_column_and_bad_ones_are_rejected() {
 fn raw_payloads_are_decoded_bytes_or_utf8_text() {
     let mut s = stream();
     s.payload = PayloadSpec::Raw("raw".into());
-    let m = Mapper::new(&s, &schema(), "dedupe_key", "p").expect("columns resolve");
+    let m = Mapper::new(&s, &schema(), "dedupe_key", "test-project").expect("columns resolve");
     assert_eq!(
         m.map_row(&typical())
             .expect("maps")
@@ -184,7 +188,7 @@ fn raw_payloads_are_decoded_bytes_or_utf8_text() {
         b"hi"
     );
     s.payload = PayloadSpec::Raw("status".into());
-    let m = Mapper::new(&s, &schema(), "dedupe_key", "p").expect("columns resolve");
+    let m = Mapper::new(&s, &schema(), "dedupe_key", "test-project").expect("columns resolve");
     assert_eq!(
         m.map_row(&typical())
             .expect("maps")
@@ -194,8 +198,8 @@ fn raw_payloads_are_decoded_bytes_or_utf8_text() {
         b"paid"
     );
     s.payload = PayloadSpec::Raw("amount".into());
-    let err =
-        Mapper::new(&s, &schema(), "dedupe_key", "p").expect_err("NUMERIC is not a raw payload");
+    let err = Mapper::new(&s, &schema(), "dedupe_key", "test-project")
+        .expect_err("NUMERIC is not a raw payload");
     assert!(err.to_string().contains("payload.raw_column"), "{err}");
 }
 
@@ -203,7 +207,7 @@ fn raw_payloads_are_decoded_bytes_or_utf8_text() {
 fn unpublishable_rows_are_rejected_with_the_reason() {
     let mut s = stream();
     s.payload = PayloadSpec::Columns(vec!["id".into(), "topic".into()]);
-    let m = Mapper::new(&s, &schema(), "dedupe_key", "p").expect("columns resolve");
+    let m = Mapper::new(&s, &schema(), "dedupe_key", "test-project").expect("columns resolve");
     let big = "x".repeat(10_000_001);
     let long_key = "k".repeat(1025);
     let long_attr = "v".repeat(1025);
@@ -260,7 +264,7 @@ fn unpublishable_rows_are_rejected_with_the_reason() {
 fn a_null_dedupe_column_is_rejected_under_a_key_derived_from_the_cursor() {
     let mut s = stream();
     s.dedupe_key = vec!["status".into()];
-    let m = Mapper::new(&s, &schema(), "dedupe_key", "p").expect("columns resolve");
+    let m = Mapper::new(&s, &schema(), "dedupe_key", "test-project").expect("columns resolve");
     let r = row(&[
         json!("7"),
         json!("99"),
@@ -290,7 +294,7 @@ fn a_null_dedupe_column_is_rejected_under_a_key_derived_from_the_cursor() {
 fn unknown_columns_and_wrong_cursor_types_are_named() {
     let mut s = stream();
     s.attribute_columns.insert("region".into(), "regoin".into());
-    let err = Mapper::new(&s, &schema(), "dedupe_key", "p").expect_err("unknown column");
+    let err = Mapper::new(&s, &schema(), "dedupe_key", "test-project").expect_err("unknown column");
     let text = err.to_string();
     assert!(
         text.contains("stream 'orders'")
@@ -301,7 +305,7 @@ fn unknown_columns_and_wrong_cursor_types_are_named() {
 
     let mut s = stream();
     s.cursor.timestamp_column = "customer".into();
-    let err = Mapper::new(&s, &schema(), "dedupe_key", "p").expect_err("STRING cursor");
+    let err = Mapper::new(&s, &schema(), "dedupe_key", "test-project").expect_err("STRING cursor");
     assert!(err.to_string().contains("UNIX_MICROS"), "{err}");
 
     let mut ts = schema();
@@ -309,7 +313,7 @@ fn unknown_columns_and_wrong_cursor_types_are_named() {
         f[1] = TableFieldSchema::new("ts_micros", FieldType::Timestamp);
     }
     let s = stream();
-    let err = Mapper::new(&s, &ts, "dedupe_key", "p").expect_err("TIMESTAMP cursor");
+    let err = Mapper::new(&s, &ts, "dedupe_key", "test-project").expect_err("TIMESTAMP cursor");
     assert!(
         err.to_string().contains("is TIMESTAMP, expected INT64"),
         "{err}"
@@ -319,7 +323,7 @@ fn unknown_columns_and_wrong_cursor_types_are_named() {
 #[test]
 fn a_null_cursor_fails_the_row_instead_of_losing_it() {
     let s = stream();
-    let m = Mapper::new(&s, &schema(), "dedupe_key", "p").expect("columns resolve");
+    let m = Mapper::new(&s, &schema(), "dedupe_key", "test-project").expect("columns resolve");
     let r = row(&[
         json!("1"),
         json!(null),

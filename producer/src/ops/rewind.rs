@@ -11,14 +11,15 @@
 //! other key `""` (STRING). The next run then re-reads every row at `--to` and after.
 
 use chrono::{DateTime, Utc};
-use outbox_runtime::operator::Exit;
+use outbox_runtime::operator::{Actor, Command, Common, Exit, OpsError, Output, Why, required};
 use outbox_shared::store::audit::{self, Action};
+use outbox_shared::store::lookback;
 use outbox_shared::store::watermark::{self, Cursor};
 use serde::Serialize;
 use serde_json::json;
-use sqlx::{Connection, PgConnection};
+use sqlx::{Connection, PgConnection, PgPool};
 
-use super::{Common, OpsError, Output, PositionView, parse_instant, required};
+use super::{PositionView, parse_micros};
 
 /// `producer rewind STREAM --to TIMESTAMP [--key K] --reason TEXT`.
 #[derive(Debug, Clone, clap::Args)]
@@ -36,13 +37,8 @@ pub struct RewindArgs {
     /// Default: the smallest key, so every row at --to is re-read too.
     #[arg(long, value_name = "KEY")]
     pub key: Option<String>,
-    /// Why (written to the audit trail). Required.
-    #[arg(long)]
-    pub reason: Option<String>,
-    /// Who acts (default: OUTBOX_ACTOR, else the OS user, else the database login). The audit
-    /// trail also records the database login itself, whatever this says.
-    #[arg(long)]
-    pub actor: Option<String>,
+    #[command(flatten)]
+    pub why: Why,
 }
 
 /// A checked rewind request (built before connecting).
@@ -54,28 +50,59 @@ pub struct Request {
     pub to_micros: i64,
     /// The new watermark's key, if given.
     pub key: Option<String>,
-    /// Why.
-    pub reason: String,
-    /// Who says they act (`None`: the database login).
-    pub actor: Option<String>,
+    /// Who acts and why.
+    pub who: Actor,
 }
 
-impl RewindArgs {
+impl Command for RewindArgs {
+    type Checked = Request;
+
     /// Checks the flags (`now` resolves a duration ago).
-    pub fn request(&self, now: DateTime<Utc>) -> Result<Request, OpsError> {
+    fn check(&self, now: DateTime<Utc>) -> Result<Request, OpsError> {
         let stream = required("STREAM", Some(&self.stream), "name the stream to rewind")?;
-        let reason = required(
-            "--reason",
-            self.reason.as_deref(),
-            "say why the stream is rewound (it goes to the audit trail)",
-        )?;
+        let who = self
+            .why
+            .check("say why the stream is rewound (it goes to the audit trail)")?;
+        if self.common.database.pooler.per_transaction() {
+            return Err(OpsError::Usage(
+                "--db-pooler transaction: rewind takes the stream's lock (a session advisory \
+                 lock, so that no run moves the watermark meanwhile), which a transaction-mode \
+                 pooler does not keep; run it directly against the database or through a \
+                 session-mode pooler"
+                    .to_owned(),
+            ));
+        }
         Ok(Request {
             stream: stream.to_owned(),
-            to_micros: parse_instant("--to", &self.to, now)?,
+            to_micros: parse_micros("--to", &self.to, now)?,
             key: self.key.clone(),
-            reason: reason.to_owned(),
-            actor: outbox_runtime::operator::actor(self.actor.as_deref()),
+            who,
         })
+    }
+
+    async fn run(request: Request, pool: &PgPool) -> Result<Output, OpsError> {
+        // Detached: the session lock must end with this command, not live on in a pool.
+        let mut conn = pool
+            .acquire()
+            .await
+            .map_err(|source| outbox_shared::Error::Database {
+                context: "connecting for the rewind",
+                source,
+            })?
+            .detach();
+        let result = rewind(&mut conn, &request).await;
+        // Closing the session releases the stream's lock.
+        let _ = conn.close().await;
+        let done = result?;
+        let view = RewindView {
+            stream: done.stream.clone(),
+            previous: PositionView::from(&done.previous),
+            watermark: PositionView::from(&done.watermark),
+            audit_id: done.audit_id,
+            actor: request.who.actor.clone(),
+            reason: request.who.reason.clone(),
+        };
+        Output::new(render(&done, &request), &view, Exit::Ok)
     }
 }
 
@@ -90,46 +117,8 @@ pub struct Rewound {
     pub watermark: Cursor,
     /// The audit entry written with it.
     pub audit_id: i64,
-}
-
-/// Runs `producer rewind`.
-pub async fn run(args: &RewindArgs) -> Result<Output, OpsError> {
-    let request = args.request(Utc::now())?;
-    if args.common.database.pooler.per_transaction() {
-        return Err(OpsError::Usage(
-            "--db-pooler transaction: rewind takes the stream's lock (a session advisory lock, \
-             so that no run moves the watermark meanwhile), which a transaction-mode pooler does \
-             not keep; run it directly against the database or through a session-mode pooler"
-                .to_owned(),
-        ));
-    }
-    let pool = args.common.connect().await?;
-    let result = match pool.acquire().await {
-        // Detached: the session lock must end with this command, not live on in a pool.
-        Ok(conn) => {
-            let mut conn = conn.detach();
-            let result = rewind(&mut conn, &request).await;
-            // Closing the session releases the stream's lock.
-            let _ = conn.close().await;
-            result
-        }
-        Err(source) => Err(outbox_shared::Error::Database {
-            context: "connecting for the rewind",
-            source,
-        }
-        .into()),
-    };
-    pool.close().await;
-    let done = result?;
-    let view = RewindView {
-        stream: done.stream.clone(),
-        previous: PositionView::from(&done.previous),
-        watermark: PositionView::from(&done.watermark),
-        audit_id: done.audit_id,
-        actor: request.actor.clone(),
-        reason: request.reason.clone(),
-    };
-    Output::new(render(&done, &request), &view, Exit::Ok)
+    /// A lookback stream: the cursor timestamp of the oldest dedupe key it remembers.
+    pub remembers_from: Option<i64>,
 }
 
 /// `producer rewind --json`.
@@ -155,15 +144,27 @@ pub struct RewindView {
 pub async fn rewind(conn: &mut PgConnection, request: &Request) -> Result<Rewound, OpsError> {
     let stream = request.stream.as_str();
     if !watermark::lock(conn, stream, false).await? {
-        return Err(OpsError::StreamBusy {
-            stream: stream.to_owned(),
-        });
+        return Err(OpsError::Failed(format!(
+            "stream '{stream}' is being run (another session holds its lock); nothing was \
+             changed. Retry when the run has finished (producer streams shows it as running)"
+        )));
     }
     let mut tx = conn.begin().await.map_err(outbox_shared::Error::begin)?;
     let Some(previous) = watermark::get(&mut tx, stream).await? else {
+        let known: Vec<String> = watermark::list(&mut tx)
+            .await?
+            .into_iter()
+            .map(|w| w.stream)
+            .collect();
+        let close = outbox_runtime::operator::near(stream, known.iter().map(String::as_str));
         return Err(OpsError::NothingMatched(format!(
             "stream '{stream}' has no watermark: it has never committed a page, so its next run \
-             reads from the start anyway (producer streams lists the known streams)"
+             reads from the start anyway ({})",
+            if close.is_empty() {
+                "producer streams lists the known streams".to_owned()
+            } else {
+                format!("did you mean {}?", close.join(" or "))
+            }
         )));
     };
     let to = target(request, &previous)?;
@@ -183,14 +184,15 @@ pub async fn rewind(conn: &mut PgConnection, request: &Request) -> Result<Rewoun
     let audit_id = audit::record(
         &mut tx,
         &Action {
-            actor: request.actor.as_deref(),
+            actor: request.who.actor.as_deref(),
             action: "rewind",
             selector,
             row_ids: &[],
-            reason: &request.reason,
+            reason: &request.who.reason,
         },
     )
     .await?;
+    let remembers_from = lookback::oldest(&mut tx, stream).await?;
     tx.commit().await.map_err(outbox_shared::Error::commit)?;
     tracing::info!(stream, audit_id, from = %PositionView::from(&previous), to = %PositionView::from(&to), "Rewound the stream's watermark.");
     Ok(Rewound {
@@ -198,6 +200,7 @@ pub async fn rewind(conn: &mut PgConnection, request: &Request) -> Result<Rewoun
         previous,
         watermark: to,
         audit_id,
+        remembers_from,
     })
 }
 
@@ -240,7 +243,8 @@ pub fn target(request: &Request, current: &Cursor) -> Result<Cursor, OpsError> {
     Ok(to)
 }
 
-/// What people read after a rewind: where it was, where it is, what the next run re-reads.
+/// What people read after a rewind: where it was, where it is, what the next run re-reads and
+/// what of it is enqueued again.
 fn render(done: &Rewound, request: &Request) -> String {
     let (from, to) = (
         PositionView::from(&done.previous),
@@ -254,12 +258,40 @@ fn render(done: &Rewound, request: &Request) -> String {
          \x20 watermark was  {from}\n\
          \x20 watermark now  {to}\n\
          The next run re-reads the rows after {to} through {from} ({span}), then what is new.\n\
-         Rows still in the outbox count as duplicates; rows already published and deleted are \
-         enqueued again (consumers drop them by dedupe key).\n",
+         {again}\n",
         stream = done.stream,
         id = done.audit_id,
-        actor = request.actor.as_deref().unwrap_or("the database login"),
+        actor = request.who.actor.as_deref().unwrap_or("the database login"),
+        again = enqueued_again(done),
     )
+}
+
+/// Which re-read rows are enqueued again: a stream without a lookback re-enqueues the published
+/// ones (their outbox rows are gone); one with a lookback skips every key it remembers.
+fn enqueued_again(done: &Rewound) -> String {
+    const STILL_THERE: &str = "Rows still in the outbox count as duplicates";
+    match done.remembers_from {
+        None => format!(
+            "{STILL_THERE}; rows already published and deleted are enqueued again (consumers \
+             drop them by dedupe key)."
+        ),
+        Some(oldest) if oldest <= done.watermark.micros => format!(
+            "{STILL_THERE}; this stream has a lookback and remembers every key it enqueued in the \
+             window, so none of the re-read rows is enqueued again, published or not (only rows \
+             it never enqueued are)."
+        ),
+        Some(oldest) => format!(
+            "{STILL_THERE}; this stream has a lookback and remembers the keys it enqueued from {}: \
+             re-read rows before that which were already published and deleted are enqueued \
+             again (consumers drop them by dedupe key), later ones are not.",
+            PositionView::from(&Cursor {
+                micros: oldest,
+                key: String::new()
+            })
+            .timestamp
+            .unwrap_or_else(|| format!("{oldest} µs"))
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -271,8 +303,10 @@ mod tests {
             stream: "orders".into(),
             to_micros,
             key: key.map(str::to_owned),
-            reason: "test".into(),
-            actor: Some("tester".into()),
+            who: Actor {
+                reason: "test".into(),
+                actor: Some("tester".into()),
+            },
         }
     }
 

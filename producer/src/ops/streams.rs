@@ -6,14 +6,14 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use outbox_runtime::operator::Exit;
+use outbox_runtime::operator::{Command, Common, Exit, OpsError, Output, near};
+use outbox_runtime::table::Table;
 use outbox_shared::store::run_ledger::{self, Run};
 use outbox_shared::store::watermark::{self, Watermark};
 use serde::Serialize;
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgPool};
 
-use super::{Common, OpsError, Output, PositionView};
-use outbox_runtime::table::Table;
+use super::PositionView;
 
 /// `producer streams [STREAM...]`.
 #[derive(Debug, Clone, clap::Args)]
@@ -140,50 +140,71 @@ pub async fn read(conn: &mut PgConnection, runs: i64) -> Result<Vec<StreamView>,
     Ok(streams.into_values().collect())
 }
 
-/// Runs `producer streams`.
-pub async fn run(args: &StreamsArgs) -> Result<Output, OpsError> {
-    if let Some(blank) = args.streams.iter().find(|s| s.trim().is_empty()) {
-        return Err(OpsError::Usage(format!(
-            "stream name {blank:?} is empty: name a stream, or give none to list them all"
-        )));
+/// A checked `producer streams`.
+#[derive(Debug, Clone)]
+pub struct Selection {
+    streams: Vec<String>,
+    runs: i64,
+}
+
+impl Command for StreamsArgs {
+    type Checked = Selection;
+
+    fn check(&self, _now: DateTime<Utc>) -> Result<Selection, OpsError> {
+        if let Some(blank) = self.streams.iter().find(|s| s.trim().is_empty()) {
+            return Err(OpsError::Usage(format!(
+                "stream name {blank:?} is empty: name a stream, or give none to list them all"
+            )));
+        }
+        Ok(Selection {
+            streams: self.streams.clone(),
+            runs: self.runs,
+        })
     }
-    let pool = args.common.connect().await?;
-    // Read-only, inside a transaction (as behind a transaction-mode pooler it must be).
-    let mut conn = pool
-        .begin()
-        .await
-        .map_err(|source| outbox_shared::Error::Database {
-            context: "connecting to read the producer streams",
-            source,
-        })?;
-    let all = read(&mut conn, args.runs).await;
-    drop(conn);
-    pool.close().await;
-    let all = all?;
-    let unknown: Vec<&str> = args
-        .streams
-        .iter()
-        .filter(|s| !all.iter().any(|v| &v.stream == *s))
-        .map(String::as_str)
-        .collect();
-    if !unknown.is_empty() {
+
+    async fn run(sel: Selection, pool: &PgPool) -> Result<Output, OpsError> {
+        // Read-only, inside a transaction (as behind a transaction-mode pooler it must be).
+        let mut conn = pool.begin().await?;
+        let all = read(&mut conn, sel.runs).await?;
+        drop(conn);
         let known: Vec<&str> = all.iter().map(|v| v.stream.as_str()).collect();
-        return Err(OpsError::NothingMatched(format!(
+        if let Some(problem) = unknown(&sel.streams, &known) {
+            return Err(OpsError::NothingMatched(problem));
+        }
+        let shown: Vec<StreamView> = all
+            .into_iter()
+            .filter(|v| sel.streams.is_empty() || sel.streams.contains(&v.stream))
+            .collect();
+        let text = render(&shown);
+        Output::new(text, &StreamsView { streams: shown }, Exit::Ok)
+    }
+}
+
+/// Says which of `asked` the database does not know, with the near matches among `known`.
+pub fn unknown(asked: &[String], known: &[&str]) -> Option<String> {
+    let missing: Vec<String> = asked
+        .iter()
+        .filter(|s| !known.contains(&s.as_str()))
+        .map(|s| {
+            let close = near(s, known.iter().copied());
+            if close.is_empty() {
+                format!("{s:?}")
+            } else {
+                format!("{s:?} (did you mean {}?)", close.join(" or "))
+            }
+        })
+        .collect();
+    (!missing.is_empty()).then(|| {
+        format!(
             "no producer stream named {} (it has never run here); known streams: {}",
-            unknown.join(", "),
+            missing.join(", "),
             if known.is_empty() {
                 "none".to_owned()
             } else {
                 known.join(", ")
             }
-        )));
-    }
-    let shown: Vec<StreamView> = all
-        .into_iter()
-        .filter(|v| args.streams.is_empty() || args.streams.contains(&v.stream))
-        .collect();
-    let text = render(&shown);
-    Output::new(text, &StreamsView { streams: shown }, Exit::Ok)
+        )
+    })
 }
 
 /// The tables people read: one line per stream, then the runs.

@@ -8,7 +8,8 @@
 //! - [`shutdown`]: shutdown as a value, fired by signals.
 //! - [`table`]: the operator commands' human tables.
 //! - [`exit`]: the binaries' one rule for exit codes and for printing a failure once.
-//! - [`operator`]: what the operator commands share: the actor.
+//! - [`operator`]: the one design of both binaries' operator commands (options, checks, the
+//!   actor, errors and exit codes, output as a table or JSON).
 
 pub mod db;
 pub mod exit;

@@ -5,12 +5,15 @@ use sqlx::PgConnection;
 
 use crate::error::{DbContext, Result};
 
+/// Every action the operator commands record (`pubsub_outbox_audit.action`).
+pub const ACTIONS: &[&str] = &["replay", "discard", "pause", "resume", "rewind", "prune"];
+
 /// One operator action.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Action<'a> {
     /// Who says they act (`None`: the database login is recorded as the actor too).
     pub actor: Option<&'a str>,
-    /// What: replay, discard, pause, resume, purge…
+    /// What: one of [`ACTIONS`].
     pub action: &'a str,
     /// The selection as the operator gave it.
     pub selector: serde_json::Value,

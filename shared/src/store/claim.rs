@@ -87,10 +87,13 @@ pub struct ClaimFilter<'a> {
     pub limit: i64,
     /// Only these full topic names (None: every topic).
     pub topics: Option<&'a [String]>,
-    /// Never these (paused topics, see [`super::pause`]). A parameter, not a join with the pause
-    /// table: an anti-join there made the planner expect one row and sort the whole outbox.
-    pub paused: &'a [String],
 }
+
+// Paused topics (see [`super::pause`]) are skipped by reading the pause table in the claim
+// statement itself, as an array computed once per statement (`ARRAY(SELECT …)`, an init plan;
+// not a join: an anti-join made the planner expect one row and sort the whole outbox). So a
+// pause is in force once its transaction commits: a claim whose snapshot is older cannot see
+// rows committed after the pause either.
 
 /// Locks and returns up to `filter.limit` due rows **without an ordering key**, oldest due first,
 /// skipping rows other workers hold. Run inside a transaction kept open until they are settled.
@@ -111,7 +114,7 @@ pub async fn claim_batch(
              WHERE published_at IS NULL AND ordering_key IS NULL
                AND next_attempt_at <= $1
                AND ($3::text[] IS NULL OR topic = ANY($3))
-               AND NOT (topic = ANY($4))
+               AND NOT (topic = ANY(ARRAY(SELECT p.topic FROM pubsub_outbox_paused_topic p)))
              ORDER BY next_attempt_at, id
              LIMIT $2
              FOR UPDATE SKIP LOCKED)
@@ -123,7 +126,6 @@ pub async fn claim_batch(
     .bind(filter.now)
     .bind(filter.limit)
     .bind(filter.topics)
-    .bind(filter.paused)
     .fetch_all(&mut *conn)
     .await
     .context("claiming due rows from pubsub_outbox")?;
@@ -223,7 +225,7 @@ pub async fn claim_ordered(
                  FOR UPDATE OF o SKIP LOCKED) head
              WHERE h.due <= $4
                AND ($5::text[] IS NULL OR h.topic = ANY($5))
-               AND NOT (h.topic = ANY($9))
+               AND NOT (h.topic = ANY(ARRAY(SELECT p.topic FROM pubsub_outbox_paused_topic p)))
                AND (h.topic = ANY($6) OR NOT EXISTS (
                     SELECT 1 FROM pubsub_outbox_dead_letter d
                     WHERE d.topic = h.topic AND d.ordering_key = h.ordering_key))
@@ -276,7 +278,6 @@ pub async fn claim_ordered(
     .bind(claim.skip_dead_letter_topics)
     .bind(f.limit)
     .bind(claim.max_keys.clamp(1, f.limit.max(1)))
-    .bind(f.paused)
     .fetch_all(&mut *conn)
     .await
     .context("claiming ordering keys from pubsub_outbox")?;

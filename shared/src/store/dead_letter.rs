@@ -10,6 +10,10 @@ use sqlx::PgConnection;
 use crate::error::{DbContext, Result};
 use crate::message::{Attributes, NewMessage};
 
+/// How the dispatcher's `last_error` begins for a message it refused itself, before sending
+/// (a limit check): replaying one runs the same check, so it comes back as a new dead letter.
+pub const REFUSED_LOCALLY: &str = "rejected before publishing: ";
+
 /// Why a message was dead-lettered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -324,16 +328,23 @@ pub async fn replay(conn: &mut PgConnection, ids: &[i64]) -> Result<Vec<i64>> {
     .context("replaying dead letters into pubsub_outbox")
 }
 
-/// Ordering keys held back by a dead letter (topics in `skip_topics` do not block).
+/// Ordering keys held back by a dead letter (topics in `skip_topics` do not block), only of
+/// `topics` when given (a `--topic`-scoped replica counts the keys it serves).
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
-pub async fn blocked_keys(conn: &mut PgConnection, skip_topics: &[String]) -> Result<i64> {
+pub async fn blocked_keys(
+    conn: &mut PgConnection,
+    skip_topics: &[String],
+    topics: Option<&[String]>,
+) -> Result<i64> {
     sqlx::query_scalar(
         "SELECT count(*) FROM (
              SELECT DISTINCT topic, ordering_key FROM pubsub_outbox_dead_letter
-             WHERE ordering_key IS NOT NULL AND NOT (topic = ANY($1))) k",
+             WHERE ordering_key IS NOT NULL AND NOT (topic = ANY($1))
+               AND ($2::text[] IS NULL OR topic = ANY($2))) k",
     )
     .persistent(crate::store::named_statements())
     .bind(skip_topics)
+    .bind(topics)
     .fetch_one(&mut *conn)
     .await
     .context("counting ordering keys blocked by dead letters")

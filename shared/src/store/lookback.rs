@@ -59,3 +59,16 @@ pub async fn prune(
     .context("pruning lookback dedupe keys")?;
     Ok(done.rows_affected())
 }
+
+/// The cursor timestamp (UNIX microseconds) of the oldest key `stream` remembers, or `None` when
+/// it remembers none (a stream without a lookback): rows re-read from there on whose key is
+/// remembered are skipped, even when their outbox row is gone.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn oldest(conn: &mut PgConnection, stream: &str) -> Result<Option<i64>> {
+    sqlx::query_scalar("SELECT min(cursor_micros) FROM producer_lookback_key WHERE stream = $1")
+        .persistent(crate::store::named_statements())
+        .bind(stream)
+        .fetch_one(&mut *conn)
+        .await
+        .context("reading the oldest remembered lookback key")
+}

@@ -15,6 +15,7 @@ pub mod replica;
 pub mod run_ledger;
 pub mod settle;
 pub mod status;
+pub mod topic;
 pub mod watermark;
 
 use std::sync::atomic::{AtomicBool, Ordering};

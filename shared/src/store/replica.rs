@@ -60,7 +60,7 @@ pub async fn heartbeat(conn: &mut PgConnection, r: &Replica) -> Result<()> {
 }
 
 /// Removes a replica's row (a clean shutdown), and rows whose heartbeat is older than
-/// `forget_after` (replicas long gone).
+/// `forget_after_secs` (replicas gone: see [`prune`]).
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn remove(
     conn: &mut PgConnection,
@@ -78,6 +78,29 @@ pub async fn remove(
     .await
     .context("removing a replica from pubsub_outbox_replica")?;
     Ok(())
+}
+
+/// Deletes the rows of replicas whose heartbeat is older than `gone_for_secs` (only those of
+/// `ids` when given); returns the ids deleted. A live replica is never among them: it sends a
+/// heartbeat every 5 s (and would write its row again at the next one).
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn prune(
+    conn: &mut PgConnection,
+    gone_for_secs: f64,
+    ids: Option<&[String]>,
+) -> Result<Vec<String>> {
+    sqlx::query_scalar(
+        "DELETE FROM pubsub_outbox_replica
+         WHERE heartbeat_at < now() - make_interval(secs => $1)
+           AND ($2::text[] IS NULL OR replica_id = ANY($2))
+         RETURNING replica_id",
+    )
+    .persistent(crate::store::named_statements())
+    .bind(gone_for_secs)
+    .bind(ids)
+    .fetch_all(&mut *conn)
+    .await
+    .context("pruning gone replicas from pubsub_outbox_replica")
 }
 
 /// Every replica row, newest heartbeat first, with the server's `now()` to judge staleness by.

@@ -15,8 +15,11 @@ use crate::error::{DbContext, Result};
 pub struct TopicState {
     /// Full topic name.
     pub topic: String,
-    /// Unpublished rows due now.
+    /// Unpublished rows due now that a claim can take (not paused, not behind a dead letter).
     pub due_now: i64,
+    /// Unpublished rows due now that no claim takes: the topic is paused, or the row's ordering
+    /// key is blocked by a dead letter (see [`blocked_keys`]).
+    pub held: i64,
     /// Unpublished rows waiting for a retry (or a later due time).
     pub waiting: i64,
     /// When the next waiting row becomes due.
@@ -35,17 +38,29 @@ pub struct TopicState {
     pub paused: bool,
 }
 
-/// Every topic that has unpublished rows, dead letters or a pause.
+/// Every topic that has unpublished rows, dead letters or a pause. `skip_topics`: the topics
+/// whose keys skip dead letters (their rows are never held behind one).
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
-pub async fn topics(conn: &mut PgConnection, now: DateTime<Utc>) -> Result<Vec<TopicState>> {
+pub async fn topics(
+    conn: &mut PgConnection,
+    now: DateTime<Utc>,
+    skip_topics: &[String],
+) -> Result<Vec<TopicState>> {
     sqlx::query_as(
-        "WITH q AS (
+        "WITH r AS (
+             SELECT o.topic, o.next_attempt_at, o.created_at,
+                    o.ordering_key IS NOT NULL AND NOT (o.topic = ANY($2)) AND EXISTS (
+                        SELECT 1 FROM pubsub_outbox_dead_letter d
+                        WHERE d.topic = o.topic AND d.ordering_key = o.ordering_key) AS blocked
+             FROM pubsub_outbox o WHERE o.published_at IS NULL
+         ), q AS (
              SELECT topic,
-                    count(*) FILTER (WHERE next_attempt_at <= $1) AS due_now,
+                    count(*) FILTER (WHERE next_attempt_at <= $1 AND NOT blocked) AS due_free,
+                    count(*) FILTER (WHERE next_attempt_at <= $1 AND blocked) AS due_blocked,
                     count(*) FILTER (WHERE next_attempt_at > $1) AS waiting,
                     min(next_attempt_at) FILTER (WHERE next_attempt_at > $1) AS next_due_at,
                     min(created_at) FILTER (WHERE next_attempt_at <= $1) AS oldest_due
-             FROM pubsub_outbox WHERE published_at IS NULL GROUP BY topic
+             FROM r GROUP BY topic
          ), d AS (
              SELECT topic,
                     count(*) FILTER (WHERE error_kind = 'permanent') AS dead_permanent,
@@ -56,20 +71,27 @@ pub async fn topics(conn: &mut PgConnection, now: DateTime<Utc>) -> Result<Vec<T
          ), t AS (
              SELECT topic FROM q UNION SELECT topic FROM d
              UNION SELECT topic FROM pubsub_outbox_paused_topic
+         ), s AS (
+             SELECT t.topic, q.due_free, q.due_blocked, q.waiting, q.next_due_at, q.oldest_due,
+                    d.dead_permanent, d.dead_exhausted, d.dead_rejected, d.dead_recent,
+                    EXISTS (SELECT 1 FROM pubsub_outbox_paused_topic p WHERE p.topic = t.topic) AS paused
+             FROM t LEFT JOIN q USING (topic) LEFT JOIN d USING (topic)
          )
-         SELECT t.topic,
-                COALESCE(q.due_now, 0) AS due_now, COALESCE(q.waiting, 0) AS waiting, q.next_due_at,
-                COALESCE(EXTRACT(EPOCH FROM ($1 - q.oldest_due))::float8, 0) AS oldest_due_age_seconds,
-                COALESCE(d.dead_permanent, 0) AS dead_permanent,
-                COALESCE(d.dead_exhausted, 0) AS dead_exhausted,
-                COALESCE(d.dead_rejected, 0) AS dead_rejected,
-                COALESCE(d.dead_recent, 0) AS dead_recent,
-                EXISTS (SELECT 1 FROM pubsub_outbox_paused_topic p WHERE p.topic = t.topic) AS paused
-         FROM t LEFT JOIN q USING (topic) LEFT JOIN d USING (topic)
-         ORDER BY t.topic",
+         SELECT s.topic,
+                CASE WHEN s.paused THEN 0 ELSE COALESCE(s.due_free, 0) END AS due_now,
+                COALESCE(s.due_blocked, 0) + CASE WHEN s.paused THEN COALESCE(s.due_free, 0) ELSE 0 END AS held,
+                COALESCE(s.waiting, 0) AS waiting, s.next_due_at,
+                COALESCE(EXTRACT(EPOCH FROM ($1 - s.oldest_due))::float8, 0) AS oldest_due_age_seconds,
+                COALESCE(s.dead_permanent, 0) AS dead_permanent,
+                COALESCE(s.dead_exhausted, 0) AS dead_exhausted,
+                COALESCE(s.dead_rejected, 0) AS dead_rejected,
+                COALESCE(s.dead_recent, 0) AS dead_recent,
+                s.paused
+         FROM s ORDER BY s.topic",
     )
     .persistent(crate::store::named_statements())
     .bind(now)
+    .bind(skip_topics)
     .fetch_all(&mut *conn)
     .await
     .context("reading the per-topic queue state")

@@ -123,7 +123,6 @@ async fn concurrent_claims_never_overlap() {
             now: Utc::now(),
             limit: 100,
             topics: None,
-            paused: &[],
         };
         let claimed = claim::claim_batch(&mut tx, &filter).await.expect("claim");
         seen.extend(claimed.iter().map(|m| m.id));

@@ -9,6 +9,7 @@ mod foundation;
 mod inbox;
 mod install;
 mod operator;
+mod operator_rules;
 mod ordering;
 mod plans;
 mod poison;

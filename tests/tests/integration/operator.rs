@@ -18,7 +18,7 @@ use outbox_dispatcher::fault::{Fault, FaultInjector};
 use outbox_shared::NewMessage;
 
 /// Runs `dispatcher ARGS` against `db`; returns (exit code, stdout, stderr).
-fn dispatcher(db: &TestDb, args: &[&str]) -> (i32, String, String) {
+pub(crate) fn dispatcher(db: &TestDb, args: &[&str]) -> (i32, String, String) {
     let out = std::process::Command::new(binary("dispatcher"))
         .args(args)
         .env("DATABASE_URL", db.url())
@@ -35,7 +35,7 @@ fn dispatcher(db: &TestDb, args: &[&str]) -> (i32, String, String) {
     )
 }
 
-fn json(db: &TestDb, args: &[&str]) -> Value {
+pub(crate) fn json(db: &TestDb, args: &[&str]) -> Value {
     let (code, out, err) = dispatcher(db, args);
     assert_eq!(code, 0, "{args:?} succeeds: {err}");
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?} prints JSON ({e}): {out}"))
@@ -195,7 +195,17 @@ async fn pause_stops_one_topic_while_another_flows_and_resume_drains_it() {
         test_dispatcher::build_service(&db, real_publisher().await, test_dispatcher::config())
             .await,
     );
-    let (code, _, err) = dispatcher(&db, &["pause", &paused.topic, "--reason", "consumer down"]);
+    // Before the topic's first message: the database does not know it yet.
+    let (code, _, err) = dispatcher(
+        &db,
+        &[
+            "pause",
+            &paused.topic,
+            "--new-topic",
+            "--reason",
+            "consumer down",
+        ],
+    );
     assert_eq!(code, 0, "{err}");
     let msgs = |topic: &str, tag: &str| -> Vec<NewMessage> {
         (0..50)
@@ -204,26 +214,9 @@ async fn pause_stops_one_topic_while_another_flows_and_resume_drains_it() {
     };
     enqueue(&db.pool, &msgs(&paused.topic, "p")).await;
     enqueue(&db.pool, &msgs(&flowing.topic, "f")).await;
-    let pool = db.pool.clone();
-    let topic = flowing.topic.clone();
-    let flowed = Instant::now();
-    wait_until("the other topic drains", Duration::from_secs(30), || {
-        let (pool, topic) = (pool.clone(), topic.clone());
-        async move {
-            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM pubsub_outbox WHERE topic = $1")
-                .bind(&topic)
-                .fetch_one(&pool)
-                .await
-                .map_err(|e| e.to_string())?;
-            if n == 0 {
-                Ok(())
-            } else {
-                Err(format!("{n} left"))
-            }
-        }
-    })
-    .await;
-    eprintln!("PAUSE: the flowing topic drained in {:?}", flowed.elapsed());
+    let flowed =
+        harness::wait::topic_drained(&db.pool, &flowing.topic, Duration::from_secs(30)).await;
+    eprintln!("PAUSE: the flowing topic drained in {flowed:?}");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let waiting = |pool: sqlx::PgPool, topic: String| async move {
         sqlx::query_scalar::<_, i64>(
@@ -336,9 +329,13 @@ async fn status_json_numbers_equal_the_database_state() {
     };
     let orders = topic(t);
     assert_eq!(
-        (orders["due_now"].as_i64(), orders["waiting"].as_i64()),
-        (Some(2), Some(1)),
-        "{orders}"
+        (
+            orders["due_now"].as_i64(),
+            orders["held"].as_i64(),
+            orders["waiting"].as_i64()
+        ),
+        (Some(0), Some(2), Some(1)),
+        "a paused topic's due rows are held, not due: {orders}"
     );
     assert_eq!(orders["paused"], true);
     assert!(orders["next_due_at"].is_string());
@@ -392,7 +389,7 @@ async fn changes_refuse_without_a_reason_bulk_ones_without_yes_and_bad_filters_n
                 "dead-letters",
                 "discard",
                 "--topic",
-                "projects/p/topics/t",
+                "projects/test-project/topics/orders",
                 "--reason",
                 "x",
             ],
@@ -430,7 +427,10 @@ async fn changes_refuse_without_a_reason_bulk_ones_without_yes_and_bad_filters_n
             "soon",
         ),
         (&["pause", "orders", "--reason", "x"], "short topic name"),
-        (&["pause", "projects/p/topics/t"], "--reason"),
+        (
+            &["pause", "projects/test-project/topics/orders"],
+            "--reason",
+        ),
         (&["dead-letters", "list", "--kind", "bogus"], "bogus"),
     ];
     for (args, needle) in refused {

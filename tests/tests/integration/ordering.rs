@@ -168,7 +168,7 @@ async fn a_permanently_failing_message_blocks_only_its_key_until_discarded_or_re
         .expect("dead letters");
     assert_eq!(dead.len(), 2, "both failing messages are dead-lettered");
     assert_eq!(
-        dead_letter::blocked_keys(&mut conn, &[])
+        dead_letter::blocked_keys(&mut conn, &[], None)
             .await
             .expect("blocked"),
         2,

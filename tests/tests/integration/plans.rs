@@ -54,7 +54,6 @@ async fn ordered_claim_cost(db: &TestDb, planned: bool) -> (i64, usize) {
             now: Utc::now(),
             limit: 500,
             topics: None,
-            paused: &[],
         },
         scan_limit: 1_000,
         skip_dead_letter_topics: &[],

@@ -103,12 +103,13 @@ async fn the_operator_commands_work_through_a_transaction_pooler() {
     let db = TestDb::new().await;
     let bouncer = PgBouncer::start(PoolMode::Transaction).await;
     let url = bouncer.url_for(db.url());
-    enqueue(&db.pool, &[message("projects/p/topics/t", "waiting", &[])]).await;
+    let topic = "projects/test-project/topics/pooled";
+    enqueue(&db.pool, &[message(topic, "waiting", &[])]).await;
     let commands: [&[&str]; 6] = [
         &["status", "--json"],
         &["dead-letters", "list", "--json"],
-        &["pause", "projects/p/topics/t", "--reason", "pooler test"],
-        &["resume", "projects/p/topics/t", "--reason", "pooler test"],
+        &["pause", topic, "--reason", "pooler test"],
+        &["resume", topic, "--reason", "pooler test"],
         &["audit", "--json"],
         &["status"],
     ];

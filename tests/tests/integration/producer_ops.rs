@@ -436,7 +436,7 @@ async fn configuration_errors_exit_2_and_say_their_cause_once() {
             args,
             &[
                 ("BIGQUERY_PROJECT_ID", "p".to_owned()),
-                ("PUBSUB_PROJECT_ID", "p".to_owned()),
+                ("PUBSUB_PROJECT_ID", "test-project".to_owned()),
             ],
         )
         .await;
@@ -488,5 +488,93 @@ async fn configuration_errors_exit_2_and_say_their_cause_once() {
         stderr.matches("cannot connect to PostgreSQL").count(),
         1,
         "{stderr}"
+    );
+}
+
+// ---------------------------------------------------------------- names and lookbacks
+
+#[tokio::test]
+async fn a_mistyped_stream_is_refused_with_the_streams_there_are() {
+    let db = TestDb::new().await;
+    let sample = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/streams.toml");
+    let (code, _, stderr) = producer(
+        db.url(),
+        &["run", "--config", sample, "--stream", "order"],
+        &[
+            ("BIGQUERY_PROJECT_ID", "p".to_owned()),
+            ("PUBSUB_PROJECT_ID", "test-project".to_owned()),
+        ],
+    )
+    .await;
+    assert_eq!(code, 2, "a typo in --stream is bad usage: {stderr}");
+    assert!(
+        stderr.contains("did you mean orders?")
+            && stderr.contains("its streams: order_events, orders"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("Fix the file"),
+        "the file is fine: {stderr}"
+    );
+    seed(&db, "orders", BASE_MICROS + 5_000_000, "42", 7).await;
+    let (code, _, stderr) = producer(db.url(), &["streams", "ordrs"], &[]).await;
+    assert_eq!(code, 3, "{stderr}");
+    assert!(stderr.contains("did you mean orders?"), "{stderr}");
+    let (code, _, stderr) = producer(
+        db.url(),
+        &["rewind", "ordrs", "--to", "2h", "--reason", "typo"],
+        &[("OUTBOX_ACTOR", "alice".to_owned())],
+    )
+    .await;
+    assert_eq!(code, 3, "{stderr}");
+    assert!(stderr.contains("did you mean orders?"), "{stderr}");
+}
+
+#[tokio::test]
+async fn the_rewind_message_says_what_is_enqueued_again_with_and_without_a_lookback() {
+    let db = TestDb::new().await;
+    let at = BASE_MICROS + 60_000_000;
+    seed(&db, "plain", at, "42", 7).await;
+    seed(&db, "windowed", at, "42", 7).await;
+    // The windowed stream remembers the keys it enqueued from BASE_MICROS on.
+    sqlx::query(
+        "INSERT INTO producer_lookback_key (stream, dedupe_key, cursor_micros)
+         VALUES ('windowed', 'o-1', $1), ('windowed', 'o-2', $2)",
+    )
+    .bind(BASE_MICROS)
+    .bind(at)
+    .execute(&db.pool)
+    .await
+    .expect("remember two keys");
+    let to = |micros: i64| rfc3339(micros);
+    let rewind = |stream: &'static str, target: String| {
+        let url = db.url().to_owned();
+        async move {
+            producer(
+                &url,
+                &["rewind", stream, "--to", &target, "--reason", "re-read"],
+                &[("OUTBOX_ACTOR", "alice".to_owned())],
+            )
+            .await
+        }
+    };
+    let (code, out, err) = rewind("plain", to(BASE_MICROS + 30_000_000)).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("rows already published and deleted are enqueued again"),
+        "{out}"
+    );
+    let (code, out, err) = rewind("windowed", to(BASE_MICROS + 30_000_000)).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("none of the re-read rows is enqueued again")
+            && !out.contains("deleted are enqueued again"),
+        "a lookback stream re-enqueues nothing it remembers: {out}"
+    );
+    let (code, out, err) = rewind("windowed", to(BASE_MICROS - 30_000_000)).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("remembers the keys it enqueued from") && out.contains("before that"),
+        "further back than it remembers: {out}"
     );
 }

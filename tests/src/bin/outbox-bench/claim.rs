@@ -205,7 +205,6 @@ pub(crate) async fn drain_lock(pool: &PgPool, batch: i64) -> Result<u64> {
             now: Utc::now(),
             limit: batch,
             topics: None,
-            paused: &[],
         };
         let claimed = claim::claim_batch(&mut tx, &filter).await?;
         if claimed.is_empty() {
