@@ -1,5 +1,5 @@
 //! One unit of work, [`run_batch`], as a straight line of small steps:
-//! claim → local checks → publish → isolate → decide → settle → commit → resume keys.
+//! claim → local checks → publish → isolate → decide → settle → commit.
 //!
 //! A batch is one PostgreSQL transaction: the claim locks the rows (`FOR UPDATE SKIP LOCKED`) and
 //! the settlement writes every row's new state before the commit. A crash anywhere before the
@@ -93,22 +93,17 @@ pub(crate) async fn run_batch<P: Publish>(
     let mut attempts = check(d, &claimed, policy);
     let started = Instant::now();
     let stall = publish(d, &claimed, &mut attempts).await;
-    let isolated_keys = isolate(d, &claimed, &mut attempts, policy).await;
+    isolate(d, &claimed, &mut attempts, policy).await;
 
     let outage = match stall {
         Some(probe_error) => Some(probe_error),
         None if decide::may_be_outage(&attempts) => probe_failure(d, &claimed, &attempts).await,
         None => None,
     };
-    let mut decision = match &outage {
+    let decision = match &outage {
         Some(_) => decide::outage(&claimed, attempts),
         None => decide::decide(&claimed, attempts, policy, now, fastrand::f64),
     };
-    // A key whose request failed is paused in the shared client even when isolation then
-    // published all of it.
-    decision.resume.extend(isolated_keys);
-    decision.resume.sort();
-    decision.resume.dedup();
     settle(
         &mut tx,
         &decision.settlement,
@@ -122,10 +117,6 @@ pub(crate) async fn run_batch<P: Publish>(
             context: "committing a settled batch",
             source,
         })?;
-    // Only now, with the failed messages' new state durable ahead of later ones, may keys go on.
-    for (topic, key) in &decision.resume {
-        d.publisher.resume(topic, key);
-    }
     record(d, &claimed, &decision, now);
     match outage {
         Some(error) => {
@@ -301,17 +292,19 @@ async fn watch_for_stall<P: Publish>(
 
 /// Publishes every message that got a permanent error once more, in a request of its own, and
 /// keeps that verdict; on a key, in order from its first permanent failure, stopping at the next
-/// failure unless the topic skips dead letters. Returns the keys it isolated.
+/// failure unless the topic skips dead letters. The unkeyed suspects and the keys go at once (a
+/// key's own messages one after the other), so a poison storm costs about one round trip per
+/// message of the longest key, not one per suspect.
 async fn isolate<P: Publish>(
     d: &Dispatch<P>,
     claimed: &[ClaimedMessage],
     attempts: &mut [Attempt],
     policy: Policy<'_>,
-) -> Vec<(String, String)> {
+) {
     let permanent =
         |a: &Attempt| matches!(a, Attempt::Failed(f) if f.kind == FailureKind::Permanent);
     if !attempts.iter().any(permanent) {
-        return Vec::new();
+        return;
     }
     d.metrics.isolations.inc();
     let mut unkeyed = Vec::new();
@@ -326,57 +319,69 @@ async fn isolate<P: Publish>(
             Some(_) => {}
         }
     }
-    let alone = unkeyed
-        .iter()
-        .map(|i| d.publisher.publish_alone(&claimed[*i]));
-    let results = futures::future::join_all(alone).await;
+    let alone = async {
+        let sent = unkeyed
+            .iter()
+            .map(|i| d.publisher.publish_alone(&claimed[*i]));
+        futures::future::join_all(sent).await
+    };
+    let before: &[Attempt] = attempts;
+    let by_key = futures::future::join_all(
+        keys.iter()
+            .map(|(topic, key)| isolate_key(d, claimed, before, topic, key, policy)),
+    );
+    let (results, by_key) = futures::join!(alone, by_key);
     d.metrics.isolation_publishes.inc_by(results.len() as u64);
-    for (i, result) in unkeyed.iter().zip(results) {
-        attempts[*i] = into_attempt(result);
+    let updates: Vec<(usize, Attempt)> = unkeyed
+        .iter()
+        .copied()
+        .zip(results.into_iter().map(into_attempt))
+        .chain(by_key.into_iter().flatten())
+        .collect();
+    for (i, attempt) in updates {
+        attempts[i] = attempt;
     }
-    for (topic, key) in &keys {
-        isolate_key(d, claimed, attempts, topic, key, policy).await;
-    }
-    keys.into_iter()
-        .map(|(t, k)| (t.to_owned(), k.to_owned()))
-        .collect()
 }
 
-/// One key's messages from its first permanent failure on, one request each, in order.
+/// One key's messages from its first permanent failure on, one request each, in order: the new
+/// attempts, by index (`attempts` as they were before isolating).
 async fn isolate_key<P: Publish>(
     d: &Dispatch<P>,
     claimed: &[ClaimedMessage],
-    attempts: &mut [Attempt],
+    attempts: &[Attempt],
     topic: &str,
     key: &str,
     policy: Policy<'_>,
-) {
+) -> Vec<(usize, Attempt)> {
     let of_key = |m: &ClaimedMessage| m.topic == topic && m.ordering_key.as_deref() == Some(key);
+    let mut updates = Vec::new();
     let Some(first) = (0..claimed.len()).find(|i| {
         of_key(&claimed[*i])
             && matches!(&attempts[*i], Attempt::Failed(f) if f.kind == FailureKind::Permanent)
     }) else {
-        return;
+        return updates;
     };
     for i in (first..claimed.len()).filter(|i| of_key(&claimed[*i])) {
         match &attempts[i] {
             Attempt::Published(_) => continue,
             Attempt::Failed(f) if f.kind != FailureKind::Transient => {}
             // A transient failure, a rejection or a held-back message: the rest waits.
-            _ => return,
+            _ => return updates,
         }
         d.metrics.isolation_publishes.inc();
-        attempts[i] = into_attempt(d.publisher.publish_alone(&claimed[i]).await);
-        let goes_on = match &attempts[i] {
+        let attempt = into_attempt(d.publisher.publish_alone(&claimed[i]).await);
+        let goes_on = match &attempt {
             Attempt::Published(_) => true,
             Attempt::Failed(f) => f.kind == FailureKind::Permanent && policy.skips(topic),
             _ => false,
         };
+        updates.push((i, attempt));
         if !goes_on {
             // The rest of the key waits behind it (decide releases them untouched).
-            return;
+            return updates;
         }
     }
+    updates
 }
 
 fn into_attempt(result: Result<String, PublishFailure>) -> Attempt {

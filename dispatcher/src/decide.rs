@@ -5,8 +5,7 @@
 //!   checks never is; the later messages of its ordering key are held back (released untouched)
 //!   unless its topic lets keys skip dead letters.
 //! - [`decide`]: from every message's [`Attempt`], the retry schedule and the ordering policy, the
-//!   [`Decision`]: what is published, retried (when), dead-lettered (why) or released untouched,
-//!   and which ordering keys the client may resume after the commit.
+//!   [`Decision`]: what is published, retried (when), dead-lettered (why) or released untouched.
 //!
 //! Invariant kept by both: on an ordering key, nothing after a message that was not published
 //! goes out in the same batch unless the key's topic skips dead letters and that message was
@@ -50,14 +49,13 @@ impl Policy<'_> {
     }
 }
 
-/// What a batch decided: the rows to write, and what to tell the client after the commit.
+/// What a batch decided: the rows to write. (Nothing is owed to the client after the commit: a
+/// key it paused after a failure lives in a publisher built for that batch alone, see
+/// `crate::publisher`.)
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Decision {
     /// The database writes (one store call, in the batch transaction).
     pub(crate) settlement: Settlement,
-    /// Ordering keys the client paused (a failure on them): resume after the commit, once the
-    /// failed message's new state is durable ahead of the later ones.
-    pub(crate) resume: Vec<(String, String)>,
 }
 
 /// Marks, in batch order, the messages that must not be sent: locally `rejected` ones (index set)
@@ -125,7 +123,6 @@ pub(crate) fn decide(
             }
             Attempt::Failed(failure) => {
                 if let Some(k) = key {
-                    d.resume.push((k.0.to_owned(), k.1.to_owned()));
                     let goes_on = failure.kind == FailureKind::Permanent && policy.skips(&m.topic);
                     if !goes_on {
                         paused.insert(k);
@@ -135,8 +132,6 @@ pub(crate) fn decide(
             }
         }
     }
-    d.resume.sort();
-    d.resume.dedup();
     d
 }
 
@@ -199,16 +194,9 @@ pub(crate) fn outage(claimed: &[ClaimedMessage], attempts: Vec<Attempt>) -> Deci
                 kind: ErrorKind::Permanent,
                 error: format!("{REFUSED_LOCALLY}{reason}"),
             }),
-            _ => {
-                d.settlement.released.push(m.id);
-                if let Some(k) = &m.ordering_key {
-                    d.resume.push((m.topic.clone(), k.clone()));
-                }
-            }
+            _ => d.settlement.released.push(m.id),
         }
     }
-    d.resume.sort();
-    d.resume.dedup();
     d
 }
 

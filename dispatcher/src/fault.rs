@@ -196,8 +196,4 @@ impl<P: Publish> Publish for FaultInjector<P> {
     async fn probe(&self, topic: &str) -> Result<(), ProbeError> {
         self.inner.probe(topic).await
     }
-
-    fn resume(&self, topic: &str, ordering_key: &str) {
-        self.inner.resume(topic, ordering_key);
-    }
 }

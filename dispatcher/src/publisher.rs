@@ -1,15 +1,24 @@
 //! Publishing to Pub/Sub: the only module that talks to the Pub/Sub client.
 //!
 //! [`Publish`] is the seam the worker uses: publish a claimed batch and get one result per message
-//! (in order), probe whether the broker answers, and resume a paused ordering key. The real
-//! implementation, [`PubsubPublisher`], shares one gRPC channel ([`BasePublisher`]) across a cache
-//! of per-topic publishers, so one dispatcher serves many topics.
+//! (in order), and probe whether the broker answers. The real implementation,
+//! [`PubsubPublisher`], shares one gRPC channel ([`BasePublisher`]) across its publishers, so one
+//! dispatcher serves many topics.
+//!
+//! **Keyed messages.** Pub/Sub takes one ordering key per request, and the client keeps, per
+//! publisher, one sequential batch actor (a task and a channel) for every ordering key it has
+//! ever seen, never removed, and `flush()` visits every one of them. The outbox already keeps a
+//! key's order by itself (a key's next batch is claimed only after this one settled), so a batch's
+//! keyed messages get publishers of their own, one per topic, built for the batch and dropped
+//! with it: each key of the batch gets one actor that sends all of its rows in one request (up
+//! to the request limits), every key's request is in flight at once on the shared channel, and
+//! nothing per key outlives the batch (no rotation, no paused key left behind to resume).
 //!
 //! Bounds: the client's own queue is unbounded, so the caller bounds what is in flight (workers ×
 //! batch size, and a byte budget); every publish is under `publish_timeout`, and the client's own
 //! retries are capped inside it (the row schedule owns long retries).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -39,8 +48,6 @@ pub trait Publish: Send + Sync + 'static {
     ) -> impl Future<Output = Result<String, PublishFailure>> + Send;
     /// Whether the broker answers at all (used to tell an outage from a bad message).
     fn probe(&self, topic: &str) -> impl Future<Output = Result<(), ProbeError>> + Send;
-    /// Lets the client publish again on an ordering key it paused after a failure.
-    fn resume(&self, topic: &str, ordering_key: &str);
 }
 
 /// Why a probe did not confirm that Pub/Sub answers.
@@ -62,32 +69,16 @@ impl ProbeError {
     }
 }
 
-/// Distinct ordering keys a keyed publisher serves before it is replaced. The client keeps state
-/// for every ordering key it has seen, forever (upstream googleapis/google-cloud-rust #4012,
-/// #6723), and `flush()` visits all of it: measured, 50,000 keys cut unkeyed throughput 18x and
-/// cost ~15 KB per key. Unkeyed messages therefore get a publisher of their own, and the keyed
-/// one is replaced (the old one ends when its last in-flight publish does).
-const KEYED_PUBLISHER_MAX_KEYS: usize = 1_000;
-
 /// How long a probe (`GetTopic`) may take before the broker counts as unreachable.
 const PROBE_DEADLINE: Duration = Duration::from_secs(2);
 
-/// The publishers of one topic in one lane.
-#[derive(Debug)]
-struct TopicPublishers {
-    unkeyed: Publisher,
-    keyed: Publisher,
-    keys_seen: HashSet<String>,
-}
-
-/// Lanes of publishers, one per concurrent caller (worker): the client's `flush()` waits for every
-/// in-flight batch of *its* publisher before it reads its queue again, so workers sharing one
-/// publisher would get one request in flight per process. Each call takes a free lane for its
-/// whole batch and gives it back after; a key may use another lane on its next batch, which is
-/// safe because a key's next batch starts only after this one settled.
+/// Lanes of unkeyed publishers (one per topic in each), one lane per concurrent caller (worker):
+/// the client's `flush()` waits for every in-flight batch of *its* publisher before it reads its
+/// queue again, so workers sharing one publisher would get one request in flight per process.
+/// Each call takes a free lane for its whole batch and gives it back after.
 #[derive(Debug)]
 struct Lanes {
-    topics: Vec<HashMap<String, TopicPublishers>>,
+    topics: Vec<HashMap<String, Publisher>>,
     free: Vec<usize>,
     next: usize,
 }
@@ -187,9 +178,9 @@ impl PubsubPublisher {
     }
 
     /// Takes a free lane (or, with more callers than lanes, shares one round-robin) and picks a
-    /// publisher of it for every message of `batch` (in order), creating or rotating the lane's
-    /// per-topic publishers first. Rotation happens only here, between batches, so all messages
-    /// of one key in one batch share a publisher.
+    /// publisher for every message of `batch` (in order): the lane's publisher of the topic for
+    /// an unkeyed message, for a keyed one a publisher of the topic built for this batch alone
+    /// (see the module doc).
     fn route(&self, batch: &[ClaimedMessage]) -> (LaneGuard<'_>, Vec<Publisher>) {
         let mut lanes = match self.lanes.lock() {
             Ok(l) => l,
@@ -202,48 +193,19 @@ impl PubsubPublisher {
                 lanes.next
             }
         };
-        let map = &mut lanes.topics[lane];
-        let mut new_keys: HashMap<&str, HashSet<&str>> = HashMap::new();
-        for m in batch {
-            let entry = new_keys.entry(m.topic.as_str()).or_default();
-            if let Some(key) = m.ordering_key.as_deref() {
-                entry.insert(key);
-            }
-        }
-        for (topic, keys) in new_keys {
-            let publishers = map
-                .entry(topic.to_owned())
-                .or_insert_with(|| TopicPublishers {
-                    unkeyed: self.build_publisher(topic),
-                    keyed: self.build_publisher(topic),
-                    keys_seen: HashSet::new(),
-                });
-            let unseen: Vec<&str> = keys
-                .into_iter()
-                .filter(|k| !publishers.keys_seen.contains(*k))
-                .collect();
-            if publishers.keys_seen.len() + unseen.len() > KEYED_PUBLISHER_MAX_KEYS {
-                publishers.keyed = self.build_publisher(topic);
-                publishers.keys_seen.clear();
-            }
-            publishers
-                .keys_seen
-                .extend(unseen.into_iter().map(str::to_owned));
-        }
+        let unkeyed = &mut lanes.topics[lane];
+        let mut keyed: HashMap<&str, Publisher> = HashMap::new();
         let routes = batch
             .iter()
-            .map(|m| {
-                // Every topic of the batch has an entry now; the fallback is never used.
-                map.get(&m.topic).map_or_else(
-                    || self.build_publisher(&m.topic),
-                    |p| {
-                        if m.ordering_key.is_some() {
-                            p.keyed.clone()
-                        } else {
-                            p.unkeyed.clone()
-                        }
-                    },
-                )
+            .map(|m| match m.ordering_key {
+                None => unkeyed
+                    .entry(m.topic.clone())
+                    .or_insert_with(|| self.build_publisher(&m.topic))
+                    .clone(),
+                Some(_) => keyed
+                    .entry(m.topic.as_str())
+                    .or_insert_with(|| self.build_publisher(&m.topic))
+                    .clone(),
             })
             .collect();
         drop(lanes);
@@ -287,7 +249,7 @@ impl Publish for PubsubPublisher {
                 .or_insert(publisher);
         }
         // Everything is queued: send it now instead of after the delay threshold, once per
-        // publisher (flush visits every key a publisher has seen, hence the rotation).
+        // publisher (a keyed one has seen only this batch's keys).
         for publisher in to_flush.into_values() {
             let publisher = publisher.clone();
             tokio::spawn(async move { publisher.flush().await });
@@ -344,15 +306,6 @@ impl Publish for PubsubPublisher {
                 "Pub/Sub at {} gave no answer within {PROBE_DEADLINE:?}",
                 self.endpoint
             ))),
-        }
-    }
-
-    fn resume(&self, topic: &str, ordering_key: &str) {
-        // The lane that paused it is not remembered: resume it everywhere (a no-op elsewhere).
-        if let Ok(lanes) = self.lanes.lock() {
-            for p in lanes.topics.iter().filter_map(|m| m.get(topic)) {
-                p.keyed.resume_publish(ordering_key);
-            }
         }
     }
 }

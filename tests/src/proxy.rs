@@ -18,6 +18,8 @@ struct State {
     /// HTTP/2 requests (streams) open now across connections, and the most seen at once.
     h2_open: AtomicU64,
     h2_max: AtomicU64,
+    /// HTTP/2 requests opened since the start.
+    h2_total: AtomicU64,
     delay_ms: AtomicU64,
     connections: Mutex<Vec<AbortHandle>>,
 }
@@ -116,6 +118,11 @@ impl TcpProxy {
     /// the server's END_STREAM (or a reset). Plain HTTP/1 connections are not counted.
     pub fn max_requests_in_flight(&self) -> u64 {
         self.state.h2_max.load(Ordering::SeqCst)
+    }
+
+    /// The HTTP/2 requests (gRPC calls) sent through the proxy since it started.
+    pub fn requests_sent(&self) -> u64 {
+        self.state.h2_total.load(Ordering::SeqCst)
     }
 
     /// Starts counting [`Self::max_requests_in_flight`] afresh from the requests open now.
@@ -257,6 +264,7 @@ impl H2Streams {
                 (dir == Direction::ToClient && (kind == 0x0 || kind == 0x1) && flags & 0x1 != 0)
                     || kind == 0x3;
             if opened && self.open.insert(id) {
+                state.h2_total.fetch_add(1, Ordering::SeqCst);
                 let now = state.h2_open.fetch_add(1, Ordering::SeqCst) + 1;
                 state.h2_max.fetch_max(now, Ordering::SeqCst);
             } else if ended && self.open.remove(&id) {

@@ -180,7 +180,6 @@ impl Publish for Wedged {
     async fn probe(&self, _topic: &str) -> Result<(), ProbeError> {
         Ok(())
     }
-    fn resume(&self, _topic: &str, _key: &str) {}
 }
 
 #[tokio::test]

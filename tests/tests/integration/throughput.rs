@@ -1,5 +1,6 @@
 //! Throughput structure: one process keeps several publish requests in flight (each worker
-//! publishes through its own lane of the client), and one NOTIFY wakes one idle worker, not all.
+//! publishes through its own lane of the client), a batch over many ordering keys sends one
+//! request per key, all at once, and one NOTIFY wakes one idle worker, not all.
 
 use std::time::Duration;
 
@@ -45,6 +46,41 @@ async fn a_process_keeps_several_publish_requests_in_flight_to_a_slow_sink() {
         "4 workers keep several requests in flight, not one at a time: {in_flight}"
     );
     assert_eq!(topic.pull(2000, Duration::from_secs(3)).await.len(), 2000);
+}
+
+#[tokio::test]
+async fn a_batch_over_many_keys_sends_one_request_per_key_all_in_flight_at_once() {
+    let db = TestDb::new().await;
+    let topic = TestTopic::new(true).await;
+    let proxy = TcpProxy::start(&harness::env::pubsub_emulator_host()).await;
+    proxy.set_delay(Duration::from_millis(50));
+    let (keys, per_key) = (40, 5);
+    harness::fixtures::enqueue(
+        &db.pool,
+        &harness::fixtures::keyed_messages(&topic.topic, keys, per_key),
+    )
+    .await;
+    let mut config = test_dispatcher::config_for(&proxy.addr());
+    config.workers = 1;
+    config.batch.batch_size = 200;
+    let publisher = test_dispatcher::publisher_at(&proxy.addr()).await;
+    let service = Running::start(test_dispatcher::build_service(&db, publisher, config).await);
+    drained(&db.pool, Duration::from_secs(60)).await;
+    service.stop().await;
+    let (sent, in_flight) = (proxy.requests_sent(), proxy.max_requests_in_flight());
+    eprintln!(
+        "KEYS: {keys} keys x {per_key} rows, one worker: {sent} publish requests, at most {in_flight} at once"
+    );
+    assert_eq!(
+        sent, keys as u64,
+        "one request per key, with all of its rows"
+    );
+    assert!(
+        in_flight >= 10,
+        "the keys' requests are in flight together, not one after the other: {in_flight}"
+    );
+    let received = topic.pull(keys * per_key, Duration::from_secs(3)).await;
+    assert_eq!(received.len(), keys * per_key);
 }
 
 #[tokio::test]
