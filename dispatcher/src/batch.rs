@@ -8,9 +8,9 @@
 //!
 //! **Isolation.** A publish request is atomic: when Pub/Sub refuses one message of a request
 //! (a schema violation, say), every message of that request comes back with the same permanent
-//! error, and the client may have packed other workers' messages into it too. So a permanent
-//! failure is never believed at once: each message that got one is published once more in a
-//! request of its own (keys in order, a key stopping at its first failure), and only the ones
+//! error. So a permanent failure is never believed at once: the suspects are published again
+//! through publishers of their own, the unkeyed ones halved until each refused message is alone
+//! (keys in order, each message alone, a key stopping at its first failure), and only the ones
 //! refused on their own are dead-lettered. Transient failures and outages are never isolated.
 //!
 //! **Stalls.** A publish that has had no answer for `--stall-probe-after` triggers a probe with a
@@ -290,11 +290,14 @@ async fn watch_for_stall<P: Publish>(
     }
 }
 
-/// Publishes every message that got a permanent error once more, in a request of its own, and
-/// keeps that verdict; on a key, in order from its first permanent failure, stopping at the next
-/// failure unless the topic skips dead letters. The unkeyed suspects and the keys go at once (a
-/// key's own messages one after the other), so a poison storm costs about one round trip per
-/// message of the longest key, not one per suspect.
+/// Finds which messages Pub/Sub itself refuses among those that got a permanent error (a refused
+/// request fails every message in it): the unkeyed suspects by halving (the suspects go again in
+/// a request of their own; a refused group is split in two and each half goes again, until a
+/// refused message is alone), so a poison storm of k messages in a batch of n costs about
+/// k·log2(n) requests instead of n; on a key, in order from its first permanent failure, each
+/// message alone, stopping at the next failure unless the topic skips dead letters. Everything
+/// of one round goes at once: the groups, and every key (a key's own messages one after the
+/// other).
 async fn isolate<P: Publish>(
     d: &Dispatch<P>,
     claimed: &[ClaimedMessage],
@@ -319,28 +322,59 @@ async fn isolate<P: Publish>(
             Some(_) => {}
         }
     }
-    let alone = async {
-        let sent = unkeyed
-            .iter()
-            .map(|i| d.publisher.publish_alone(&claimed[*i]));
-        futures::future::join_all(sent).await
-    };
     let before: &[Attempt] = attempts;
     let by_key = futures::future::join_all(
         keys.iter()
             .map(|(topic, key)| isolate_key(d, claimed, before, topic, key, policy)),
     );
-    let (results, by_key) = futures::join!(alone, by_key);
-    d.metrics.isolation_publishes.inc_by(results.len() as u64);
-    let updates: Vec<(usize, Attempt)> = unkeyed
-        .iter()
-        .copied()
-        .zip(results.into_iter().map(into_attempt))
-        .chain(by_key.into_iter().flatten())
-        .collect();
-    for (i, attempt) in updates {
+    let (halved, by_key) = futures::join!(bisect(d, claimed, unkeyed), by_key);
+    for (i, attempt) in halved.into_iter().chain(by_key.into_iter().flatten()) {
         attempts[i] = attempt;
     }
+}
+
+/// The unkeyed suspects' verdicts by halving (see [`isolate`]), by index.
+async fn bisect<P: Publish>(
+    d: &Dispatch<P>,
+    claimed: &[ClaimedMessage],
+    suspects: Vec<usize>,
+) -> Vec<(usize, Attempt)> {
+    let mut verdicts = Vec::new();
+    let mut groups = if suspects.is_empty() {
+        Vec::new()
+    } else {
+        vec![suspects]
+    };
+    while !groups.is_empty() {
+        d.metrics.isolation_publishes.inc_by(groups.len() as u64);
+        let sent = futures::future::join_all(groups.iter().map(|group| async move {
+            let batch: Vec<ClaimedMessage> = group.iter().map(|i| claimed[*i].clone()).collect();
+            d.publisher.publish_apart(&batch).await
+        }))
+        .await;
+        let mut next = Vec::new();
+        for (group, results) in groups.into_iter().zip(sent) {
+            let mut refused = Vec::new();
+            for (i, result) in group.iter().copied().zip(results) {
+                match result {
+                    // Refused in company: it may be its neighbours' fault.
+                    Err(f) if f.kind == FailureKind::Permanent && group.len() > 1 => {
+                        refused.push(i)
+                    }
+                    result => verdicts.push((i, into_attempt(result))),
+                }
+            }
+            if refused.len() > 1 {
+                let second = refused.split_off(refused.len() / 2);
+                next.push(second);
+            }
+            if !refused.is_empty() {
+                next.push(refused);
+            }
+        }
+        groups = next;
+    }
+    verdicts
 }
 
 /// One key's messages from its first permanent failure on, one request each, in order: the new
@@ -369,7 +403,13 @@ async fn isolate_key<P: Publish>(
             _ => return updates,
         }
         d.metrics.isolation_publishes.inc();
-        let attempt = into_attempt(d.publisher.publish_alone(&claimed[i]).await);
+        let attempt = into_attempt(
+            d.publisher
+                .publish_apart(std::slice::from_ref(&claimed[i]))
+                .await
+                .pop()
+                .unwrap_or_else(|| Err(PublishFailure::transient("no result for the message"))),
+        );
         let goes_on = match &attempt {
             Attempt::Published(_) => true,
             Attempt::Failed(f) => f.kind == FailureKind::Permanent && policy.skips(topic),

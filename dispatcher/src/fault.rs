@@ -111,14 +111,31 @@ impl<P: Publish> FaultInjector<P> {
     }
 }
 
-impl<P: Publish> Publish for FaultInjector<P> {
-    async fn publish(&self, batch: &[ClaimedMessage]) -> BatchResult {
+/// Which publish of the wrapped publisher a call goes to.
+#[derive(Debug, Clone, Copy)]
+enum Via {
+    Shared,
+    Apart,
+}
+
+impl<P: Publish> FaultInjector<P> {
+    async fn send(&self, via: Via, batch: &[ClaimedMessage]) -> BatchResult {
+        match via {
+            Via::Shared => self.inner.publish(batch).await,
+            Via::Apart => self.inner.publish_apart(batch).await,
+        }
+    }
+
+    /// Publishes `batch` via the wrapped publisher, but the messages a fault targets (or the
+    /// failure rate picks) fail with the injected code, and the later messages of their keys
+    /// are not attempted (as the real client pauses a key).
+    async fn inject(&self, via: Via, batch: &[ClaimedMessage]) -> BatchResult {
         let idle = self.rate == 0.0
             && !self.has_targets.load(Ordering::Acquire)
             && !self.record.load(Ordering::Acquire);
         if idle {
             // No fault configured: no copies, no bookkeeping.
-            return self.inner.publish(batch).await;
+            return self.send(via, batch).await;
         }
         let mut results: Vec<Option<Result<String, PublishFailure>>> = vec![None; batch.len()];
         let mut paused: HashSet<(&str, &str)> = HashSet::new();
@@ -149,7 +166,7 @@ impl<P: Publish> Publish for FaultInjector<P> {
         let inner = if forward.is_empty() {
             Vec::new()
         } else {
-            self.inner.publish(&forward).await
+            self.send(via, &forward).await
         };
         let recording = self.record.load(Ordering::Acquire);
         let mut log = Vec::new();
@@ -173,24 +190,15 @@ impl<P: Publish> Publish for FaultInjector<P> {
             })
             .collect()
     }
+}
 
-    async fn publish_alone(&self, message: &ClaimedMessage) -> Result<String, PublishFailure> {
-        match self.fault_for(&message.dedupe_key) {
-            Some(code) => Err(PublishFailure {
-                kind: classify_code(code),
-                message: format!("{}: injected fault", code.name()),
-            }),
-            None => {
-                let result = self.inner.publish_alone(message).await;
-                if result.is_ok()
-                    && self.record.load(Ordering::Acquire)
-                    && let Ok(mut p) = self.published.lock()
-                {
-                    p.push(message.dedupe_key.clone());
-                }
-                result
-            }
-        }
+impl<P: Publish> Publish for FaultInjector<P> {
+    async fn publish(&self, batch: &[ClaimedMessage]) -> BatchResult {
+        self.inject(Via::Shared, batch).await
+    }
+
+    async fn publish_apart(&self, batch: &[ClaimedMessage]) -> BatchResult {
+        self.inject(Via::Apart, batch).await
     }
 
     async fn probe(&self, topic: &str) -> Result<(), ProbeError> {

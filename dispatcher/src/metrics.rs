@@ -123,12 +123,12 @@ impl Metrics {
         );
         r.register(
             "isolations",
-            "Batches whose permanent publish failures were isolated by publishing each message alone",
+            "Batches whose permanent publish failures were isolated (suspects published again apart)",
             m.isolations.clone(),
         );
         r.register(
             "isolation_publishes",
-            "Messages published alone to tell a bad message from the request it shared",
+            "Requests sent apart to tell a bad message from the request it shared (halved groups, keyed messages alone)",
             m.isolation_publishes.clone(),
         );
         r.register(

@@ -40,12 +40,11 @@ pub type BatchResult = Vec<Result<String, PublishFailure>>;
 pub trait Publish: Send + Sync + 'static {
     /// Publishes `batch`; returns one result per message, in order.
     fn publish(&self, batch: &[ClaimedMessage]) -> impl Future<Output = BatchResult> + Send;
-    /// Publishes `message` in a request of its own (nothing else, of this worker or another, in
-    /// it), to learn whether Pub/Sub refuses this message or only the request it shared.
-    fn publish_alone(
-        &self,
-        message: &ClaimedMessage,
-    ) -> impl Future<Output = Result<String, PublishFailure>> + Send;
+    /// Publishes `batch` through publishers of its own (no message of another call shares its
+    /// requests: one request per ordering key, the unkeyed ones packed together), to learn
+    /// whether Pub/Sub refuses these messages or only a request they shared; a batch of one is a
+    /// message alone.
+    fn publish_apart(&self, batch: &[ClaimedMessage]) -> impl Future<Output = BatchResult> + Send;
     /// Whether the broker answers at all (used to tell an outage from a bad message).
     fn probe(&self, topic: &str) -> impl Future<Output = Result<(), ProbeError>> + Send;
 }
@@ -216,33 +215,12 @@ impl PubsubPublisher {
         (guard, routes)
     }
 
-    fn to_message(&self, m: &ClaimedMessage) -> Message {
-        let mut attributes: HashMap<String, String> = m
-            .attributes
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        attributes.insert(self.dedupe_attribute.clone(), m.dedupe_key.clone());
-        let msg = Message::new()
-            .set_data(bytes::Bytes::copy_from_slice(&m.payload))
-            .set_attributes(attributes);
-        match &m.ordering_key {
-            Some(key) => msg.set_ordering_key(key.clone()),
-            None => msg,
-        }
-    }
-}
-
-fn anonymous() -> google_cloud_auth::credentials::Credentials {
-    google_cloud_auth::credentials::anonymous::Builder::new().build()
-}
-
-impl Publish for PubsubPublisher {
-    async fn publish(&self, batch: &[ClaimedMessage]) -> BatchResult {
-        let (_lane, routes) = self.route(batch);
+    /// Publishes each message of `batch` through its publisher (`routes`, in order), flushes each
+    /// publisher once, and waits for every result under the publish timeout.
+    async fn send(&self, batch: &[ClaimedMessage], routes: &[Publisher]) -> BatchResult {
         let mut pending = Vec::with_capacity(batch.len());
         let mut to_flush: HashMap<(&str, bool), &Publisher> = HashMap::new();
-        for (m, publisher) in batch.iter().zip(&routes) {
+        for (m, publisher) in batch.iter().zip(routes) {
             pending.push(publisher.publish(self.to_message(m)));
             to_flush
                 .entry((m.topic.as_str(), m.ordering_key.is_some()))
@@ -270,23 +248,45 @@ impl Publish for PubsubPublisher {
         }
     }
 
-    async fn publish_alone(&self, message: &ClaimedMessage) -> Result<String, PublishFailure> {
-        // A publisher of its own that sends every message in its own request; dropped after, so
-        // it leaves no paused key and no per-key state behind.
-        let publisher = self
-            .base
-            .publisher(message.topic.clone())
-            .set_message_count_threshold(1)
-            .set_delay_threshold(Duration::ZERO)
-            .build();
-        let sent = publisher.publish(self.to_message(message));
-        match tokio::time::timeout(self.timeout, sent).await {
-            Ok(result) => result.map_err(|e| classify(&e)),
-            Err(_) => Err(PublishFailure::transient(format!(
-                "publish did not complete within {:?} (Pub/Sub slow or unreachable at {})",
-                self.timeout, self.endpoint
-            ))),
+    fn to_message(&self, m: &ClaimedMessage) -> Message {
+        let mut attributes: HashMap<String, String> = m
+            .attributes
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        attributes.insert(self.dedupe_attribute.clone(), m.dedupe_key.clone());
+        let msg = Message::new()
+            .set_data(bytes::Bytes::copy_from_slice(&m.payload))
+            .set_attributes(attributes);
+        match &m.ordering_key {
+            Some(key) => msg.set_ordering_key(key.clone()),
+            None => msg,
         }
+    }
+}
+
+fn anonymous() -> google_cloud_auth::credentials::Credentials {
+    google_cloud_auth::credentials::anonymous::Builder::new().build()
+}
+
+impl Publish for PubsubPublisher {
+    async fn publish(&self, batch: &[ClaimedMessage]) -> BatchResult {
+        let (_lane, routes) = self.route(batch);
+        self.send(batch, &routes).await
+    }
+
+    async fn publish_apart(&self, batch: &[ClaimedMessage]) -> BatchResult {
+        // Publishers of its own, dropped after: they leave no paused key and no state behind.
+        let mut own: HashMap<(&str, bool), Publisher> = HashMap::new();
+        let routes: Vec<Publisher> = batch
+            .iter()
+            .map(|m| {
+                own.entry((m.topic.as_str(), m.ordering_key.is_some()))
+                    .or_insert_with(|| self.build_publisher(&m.topic))
+                    .clone()
+            })
+            .collect();
+        self.send(batch, &routes).await
     }
 
     async fn probe(&self, topic: &str) -> Result<(), ProbeError> {

@@ -12,7 +12,6 @@ use harness::process::{Process, http_get, unused_low_port};
 use harness::proxy::TcpProxy;
 use harness::pubsub::TestTopic;
 use harness::wait::wait_until;
-use outbox_dispatcher::classify::PublishFailure;
 use outbox_dispatcher::publisher::{BatchResult, ProbeError, Publish};
 use outbox_runtime::db::DatabaseArgs;
 use outbox_shared::{ClaimedMessage, enqueue_batch};
@@ -174,7 +173,7 @@ impl Publish for Wedged {
     async fn publish(&self, _batch: &[ClaimedMessage]) -> BatchResult {
         std::future::pending().await
     }
-    async fn publish_alone(&self, _m: &ClaimedMessage) -> Result<String, PublishFailure> {
+    async fn publish_apart(&self, _batch: &[ClaimedMessage]) -> BatchResult {
         std::future::pending().await
     }
     async fn probe(&self, _topic: &str) -> Result<(), ProbeError> {

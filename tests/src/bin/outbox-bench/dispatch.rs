@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use chrono::Utc;
-use google_cloud_pubsub::client::TopicAdmin;
+use google_cloud_pubsub::client::{SchemaService, TopicAdmin};
+use google_cloud_pubsub::model::{Encoding, Schema, SchemaSettings, schema};
 use outbox_dispatcher::config::PubsubConfig;
 use outbox_dispatcher::publisher::PubsubPublisher;
 use outbox_dispatcher::{BatchOutcome, Dispatcher, DispatcherConfig, connect_database};
@@ -95,11 +96,37 @@ pub struct DispatchArgs {
     /// of a fresh one per spread (shows what keys seen earlier cost later batches).
     #[arg(long, default_value_t = false)]
     pub share_publisher: bool,
+    /// A poison storm: the bench topic validates every message against an Avro schema (JSON),
+    /// payloads are small invoices, and this percentage of them breaks the schema (Pub/Sub refuses
+    /// a whole request then). Each run drains the spread twice, clean and poisoned, and reports
+    /// the good messages/s of both; exactly the poisoned rows must be dead-lettered. 0: off.
+    #[arg(long, default_value_t = 0.0)]
+    pub poison_percent: f64,
+}
+
+/// What a drain's payloads are.
+#[derive(Debug, Clone, Copy)]
+enum Payloads {
+    /// `--payload-bytes` of filler (the topic has no schema).
+    Filler,
+    /// Invoices for the schema topic; every `n`-th breaks the schema (None: none does).
+    Invoices(Option<usize>),
+}
+
+impl Payloads {
+    fn poisoned(self, i: usize) -> bool {
+        matches!(self, Self::Invoices(Some(n)) if i % n == n / 2)
+    }
+
+    fn count_poisoned(self, messages: usize) -> usize {
+        (0..messages).filter(|i| self.poisoned(*i)).count()
+    }
 }
 
 /// One dispatch drain.
 #[derive(Debug, Clone, Copy)]
 struct DispatchRun {
+    /// Good (published) messages per second.
     rate: f64,
     mean_batch: f64,
     publish_share: f64,
@@ -118,10 +145,24 @@ pub async fn dispatch_bench(db: &Scratch, args: &DispatchArgs) -> Result<()> {
         args.pubsub_project,
         std::process::id()
     );
+    let schema = if args.poison_percent > 0.0 {
+        Some(invoice_schema(&endpoint, &args.pubsub_project).await?)
+    } else {
+        None
+    };
+    let settings = schema.map(|s| {
+        SchemaSettings::new()
+            .set_schema(s)
+            .set_encoding(Encoding::Json)
+    });
     // The official client hangs rather than fails on a wrong endpoint: bound the first call.
     tokio::time::timeout(
         Duration::from_secs(10),
-        admin.create_topic().set_name(&topic).send(),
+        admin
+            .create_topic()
+            .set_name(&topic)
+            .set_or_clear_schema_settings(settings)
+            .send(),
     )
     .await
     .map_err(|_| anyhow!("the Pub/Sub emulator at {endpoint} did not answer within 10 s"))?
@@ -151,14 +192,44 @@ pub async fn dispatch_bench(db: &Scratch, args: &DispatchArgs) -> Result<()> {
     outcome.and(deleted.map(|_| ()).context("deleting the bench topic"))
 }
 
+/// Creates the invoice schema (`harness::pubsub::INVOICE_SCHEMA`) in `project`; returns its name.
+async fn invoice_schema(endpoint: &str, project: &str) -> Result<String> {
+    let client = SchemaService::builder()
+        .with_endpoint(endpoint.to_owned())
+        .with_credentials(google_cloud_auth::credentials::anonymous::Builder::new().build())
+        .build()
+        .await
+        .context("building the schema client")?;
+    let id = format!("outbox-bench-invoice-{}", std::process::id());
+    client
+        .create_schema()
+        .set_parent(format!("projects/{project}"))
+        .set_schema_id(&id)
+        .set_schema(
+            Schema::new()
+                .set_type(schema::Type::Avro)
+                .set_definition(harness::pubsub::INVOICE_SCHEMA),
+        )
+        .send()
+        .await
+        .context("creating the invoice schema on the emulator")?;
+    Ok(format!("projects/{project}/schemas/{id}"))
+}
+
 /// Builds a dispatcher exactly as the service does (one Pub/Sub client, one dispatcher its
 /// workers share), on the bench database, publishing with `publisher`.
 async fn dispatcher(
     db: &Scratch,
     args: &DispatchArgs,
+    topic: &str,
     publisher: PubsubPublisher,
 ) -> Result<Arc<Dispatcher<PubsubPublisher>>> {
-    let config = config(args);
+    let mut config = config(args);
+    if args.poison_percent > 0.0 {
+        // A poisoned keyed message must not hold its key's later rows for ever (the drain ends
+        // when the outbox is empty): the storm topic's keys skip dead letters.
+        config.batch.skip_dead_letter_topics = vec![topic.to_owned()];
+    }
     let pool = connect_database(&DatabaseArgs::for_url(db.db.url()), &config).await?;
     Ok(Arc::new(Dispatcher::build(config, pool, publisher).await?))
 }
@@ -193,50 +264,27 @@ async fn dispatch_runs(db: &Scratch, args: &DispatchArgs, topic: &str) -> Result
             _ => PubsubPublisher::connect(&pubsub).await?,
         };
         shared = Some(publisher.clone());
-        let mut runs = Vec::new();
-        for run in 1..=args.runs {
-            let enqueue_rate = db
-                .refill(args.messages, args.payload_bytes, *keys, topic)
-                .await?;
-            // A fresh dispatcher per run (same client): every run starts its key walk afresh.
-            let dispatcher = dispatcher(db, args, publisher.clone()).await?;
-            let before = histogram_sums(&dispatcher)?;
-            let started = Instant::now();
-            let mut loops = JoinSet::new();
-            for _ in 0..args.workers {
-                loops.spawn(dispatch_loop(dispatcher.clone(), db.db.pool.clone()));
+        let kinds: Vec<(&str, Payloads)> = if args.poison_percent > 0.0 {
+            let every = (100.0 / args.poison_percent).round().max(1.0) as usize;
+            vec![
+                ("clean", Payloads::Invoices(None)),
+                ("poisoned", Payloads::Invoices(Some(every))),
+            ]
+        } else {
+            vec![("", Payloads::Filler)]
+        };
+        for (label, payloads) in kinds {
+            let mut runs = Vec::new();
+            for run in 1..=args.runs {
+                runs.push(drain(db, args, topic, *keys, payloads, &publisher, run).await?);
             }
-            let published = join_sum(loops).await?;
-            let elapsed = started.elapsed().as_secs_f64();
-            let after = histogram_sums(&dispatcher)?;
-            if published != args.messages {
-                bail!(
-                    "keys={keys}: published {published} of {} messages",
-                    args.messages
-                );
-            }
-            let batches = after.batches - before.batches;
-            let r = DispatchRun {
-                rate: args.messages as f64 / elapsed,
-                mean_batch: (after.claimed - before.claimed) / batches.max(1.0),
-                publish_share: (after.publish_seconds - before.publish_seconds)
-                    / (elapsed * args.workers as f64),
+            let spread = if label.is_empty() {
+                keys.to_string()
+            } else {
+                format!("{keys} {label}")
             };
-            println!(
-                "dispatch keys={keys} run {run}/{}: enqueue {enqueue_rate:.0} rows/s; drained {} in {elapsed:.2} s \
-                 = {:.0} msgs/s; {batches:.0} batches (mean {:.0} rows); publishing {:.0}% of worker time; \
-                 bench RSS {} MB; load {}",
-                args.runs,
-                args.messages,
-                r.rate,
-                r.mean_batch,
-                r.publish_share * 100.0,
-                resident_mb(),
-                load_average()
-            );
-            runs.push(r);
+            table.push((spread, runs));
         }
-        table.push((*keys, runs));
     }
     println!(
         "\n| keys | median msgs/s | min | max | runs | mean batch (rows) | publish share of worker time |"
@@ -257,6 +305,77 @@ async fn dispatch_runs(db: &Scratch, args: &DispatchArgs, topic: &str) -> Result
     Ok(())
 }
 
+/// One drain of `keys`' spread with `payloads`: fills the outbox, drains it with a fresh
+/// dispatcher (same client), checks that every good message was published and exactly the
+/// poisoned ones dead-lettered.
+async fn drain(
+    db: &Scratch,
+    args: &DispatchArgs,
+    topic: &str,
+    keys: Keys,
+    payloads: Payloads,
+    publisher: &PubsubPublisher,
+    run: usize,
+) -> Result<DispatchRun> {
+    let enqueue_rate = match payloads {
+        Payloads::Filler => {
+            db.refill(args.messages, args.payload_bytes, keys, topic)
+                .await?
+        }
+        Payloads::Invoices(_) => {
+            db.refill_with(args.messages, keys, topic, |i| {
+                if payloads.poisoned(i) {
+                    format!(r#"{{"amount": "not a number {i}"}}"#).into_bytes()
+                } else {
+                    format!(r#"{{"amount": {i}}}"#).into_bytes()
+                }
+            })
+            .await?
+        }
+    };
+    let poisoned = payloads.count_poisoned(args.messages);
+    // A fresh dispatcher per run (same client): every run starts its key walk afresh.
+    let dispatcher = dispatcher(db, args, topic, publisher.clone()).await?;
+    let before = histogram_sums(&dispatcher)?;
+    let started = Instant::now();
+    let mut loops = JoinSet::new();
+    for _ in 0..args.workers {
+        loops.spawn(dispatch_loop(dispatcher.clone(), db.db.pool.clone()));
+    }
+    let published = join_sum(loops).await?;
+    let elapsed = started.elapsed().as_secs_f64();
+    let after = histogram_sums(&dispatcher)?;
+    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM pubsub_outbox_dead_letter")
+        .fetch_one(&db.db.pool)
+        .await?;
+    if published != args.messages - poisoned || dead != poisoned as i64 {
+        bail!(
+            "keys={keys}: published {published} and dead-lettered {dead} of {} messages ({poisoned} poisoned)",
+            args.messages
+        );
+    }
+    let batches = after.batches - before.batches;
+    let r = DispatchRun {
+        rate: published as f64 / elapsed,
+        mean_batch: (after.claimed - before.claimed) / batches.max(1.0),
+        publish_share: (after.publish_seconds - before.publish_seconds)
+            / (elapsed * args.workers as f64),
+    };
+    println!(
+        "dispatch keys={keys} run {run}/{}: enqueue {enqueue_rate:.0} rows/s; drained {} in {elapsed:.2} s \
+         = {:.0} good msgs/s ({poisoned} dead-lettered); {batches:.0} batches (mean {:.0} rows); \
+         publishing {:.0}% of worker time; bench RSS {} MB; load {}",
+        args.runs,
+        args.messages,
+        r.rate,
+        r.mean_batch,
+        r.publish_share * 100.0,
+        resident_mb(),
+        load_average()
+    );
+    Ok(r)
+}
+
 /// Runs batches until one finds nothing due and the outbox is empty; returns messages published.
 /// A failed publish invalidates the run (its retry would wait out a backoff), so it stops the bench.
 async fn dispatch_loop(d: Arc<Dispatcher<PubsubPublisher>>, pool: PgPool) -> Result<usize> {
@@ -264,8 +383,8 @@ async fn dispatch_loop(d: Arc<Dispatcher<PubsubPublisher>>, pool: PgPool) -> Res
     loop {
         match d.run_batch(Utc::now()).await? {
             BatchOutcome::Settled(s) => {
-                if s.published != s.claimed {
-                    bail!("a batch did not publish everything it claimed: {s:?}");
+                if s.published + s.dead_lettered != s.claimed {
+                    bail!("a batch did not publish (or dead-letter) everything it claimed: {s:?}");
                 }
                 published += s.published;
             }

@@ -45,6 +45,20 @@ impl Scratch {
         keys: Keys,
         topic: &str,
     ) -> Result<f64> {
+        self.refill_with(n, keys, topic, |i| {
+            (0..payload_bytes).map(|j| (i ^ j) as u8).collect()
+        })
+        .await
+    }
+
+    /// [`Self::refill`] with message `i`'s payload from `payload(i)`.
+    pub async fn refill_with(
+        &self,
+        n: usize,
+        keys: Keys,
+        topic: &str,
+        payload: impl Fn(usize) -> Vec<u8>,
+    ) -> Result<f64> {
         let mut conn = self.db.pool.acquire().await?;
         sqlx::raw_sql("TRUNCATE pubsub_outbox, pubsub_outbox_dead_letter")
             .execute(&mut *conn)
@@ -57,7 +71,7 @@ impl Scratch {
                     topic: topic.to_owned(),
                     ordering_key: keys.0.map(|k| format!("key-{}", i % k)),
                     dedupe_key: format!("bench-{i}"),
-                    payload: (0..payload_bytes).map(|j| (i ^ j) as u8).collect(),
+                    payload: payload(i),
                     attributes: Default::default(),
                 })
                 .collect();
