@@ -9,7 +9,7 @@
 //! **Isolation.** A publish request is atomic: when Pub/Sub refuses one message of a request
 //! (a schema violation, say), every message of that request comes back with the same permanent
 //! error. So a permanent failure is never believed at once: the suspects are published again
-//! through publishers of their own, the unkeyed ones halved until each refused message is alone
+//! through publishers of their own, the unkeyed ones split up until each refused message is alone
 //! (keys in order, each message alone, a key stopping at its first failure), and only the ones
 //! refused on their own are dead-lettered. Transient failures and outages are never isolated.
 //!
@@ -291,13 +291,13 @@ async fn watch_for_stall<P: Publish>(
 }
 
 /// Finds which messages Pub/Sub itself refuses among those that got a permanent error (a refused
-/// request fails every message in it): the unkeyed suspects by halving (the suspects go again in
-/// a request of their own; a refused group is split in two and each half goes again, until a
-/// refused message is alone), so a poison storm of k messages in a batch of n costs about
-/// k·log2(n) requests instead of n; on a key, in order from its first permanent failure, each
-/// message alone, stopping at the next failure unless the topic skips dead letters. Everything
-/// of one round goes at once: the groups, and every key (a key's own messages one after the
-/// other).
+/// request fails every message in it): the unkeyed suspects in up to 16 parts, each in requests
+/// of its own, a refused part split again the same way until a refused message is alone: a
+/// poison storm of k messages among n suspects costs about 16·k·log16(n/k) requests and log16(n)
+/// round trips, sending each suspect about once more, instead of n requests. On a key, in order from its first
+/// permanent failure, each message alone, stopping at the next failure unless the topic skips
+/// dead letters. Everything of one round goes at once: the parts, and every key (a key's own
+/// messages one after the other).
 async fn isolate<P: Publish>(
     d: &Dispatch<P>,
     claimed: &[ClaimedMessage],
@@ -327,24 +327,31 @@ async fn isolate<P: Publish>(
         keys.iter()
             .map(|(topic, key)| isolate_key(d, claimed, before, topic, key, policy)),
     );
-    let (halved, by_key) = futures::join!(bisect(d, claimed, unkeyed), by_key);
-    for (i, attempt) in halved.into_iter().chain(by_key.into_iter().flatten()) {
+    let (unkeyed, by_key) = futures::join!(split_out(d, claimed, unkeyed), by_key);
+    for (i, attempt) in unkeyed.into_iter().chain(by_key.into_iter().flatten()) {
         attempts[i] = attempt;
     }
 }
 
-/// The unkeyed suspects' verdicts by halving (see [`isolate`]), by index.
-async fn bisect<P: Publish>(
+/// How many parts a refused group of suspects is split into for the next round.
+const ISOLATION_FAN_OUT: usize = 16;
+
+/// `group` in at most [`ISOLATION_FAN_OUT`] parts of about equal size, in order.
+fn split(group: &[usize]) -> Vec<Vec<usize>> {
+    let size = group.len().div_ceil(ISOLATION_FAN_OUT).max(1);
+    group.chunks(size).map(<[usize]>::to_vec).collect()
+}
+
+/// The unkeyed suspects' verdicts by splitting (see [`isolate`]), by index.
+async fn split_out<P: Publish>(
     d: &Dispatch<P>,
     claimed: &[ClaimedMessage],
     suspects: Vec<usize>,
 ) -> Vec<(usize, Attempt)> {
     let mut verdicts = Vec::new();
-    let mut groups = if suspects.is_empty() {
-        Vec::new()
-    } else {
-        vec![suspects]
-    };
+    // They were refused together already: the first round sends them in parts (BENCHMARKS.md
+    // compares halving, √n parts and this).
+    let mut groups = split(&suspects);
     while !groups.is_empty() {
         d.metrics.isolation_publishes.inc_by(groups.len() as u64);
         let sent = futures::future::join_all(groups.iter().map(|group| async move {
@@ -364,13 +371,7 @@ async fn bisect<P: Publish>(
                     result => verdicts.push((i, into_attempt(result))),
                 }
             }
-            if refused.len() > 1 {
-                let second = refused.split_off(refused.len() / 2);
-                next.push(second);
-            }
-            if !refused.is_empty() {
-                next.push(refused);
-            }
+            next.extend(split(&refused));
         }
         groups = next;
     }
