@@ -20,6 +20,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -68,8 +69,40 @@ impl ProbeError {
     }
 }
 
-/// How long a probe (`GetTopic`) may take before the broker counts as unreachable.
+/// How long a probe (`GetTopic`) may take at least before the broker counts as unreachable.
 const PROBE_DEADLINE: Duration = Duration::from_secs(2);
+
+/// How long a probe may take: [`PROBE_DEADLINE`], or three times the round trips seen lately
+/// when those are slower (a slow but answering Pub/Sub is not an outage); never more than the
+/// publish timeout. A probe that missed its deadline is still awaited in the background (up to
+/// the publish timeout) and, should it answer, teaches the clock its round trip: so a Pub/Sub
+/// slower than 2 s from the start is seen after one probe, while a stall (no answer at all) keeps
+/// the deadline short and the recovery prompt.
+#[derive(Debug, Default)]
+struct ProbeClock {
+    /// Round trips of publishes and probes that answered: an exponentially weighted mean, µs.
+    round_trip_us: AtomicU64,
+}
+
+impl ProbeClock {
+    fn answered(&self, took: Duration) {
+        let sample = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        let _ = self
+            .round_trip_us
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |mean| {
+                Some(if mean == 0 {
+                    sample
+                } else {
+                    mean - mean / 8 + sample / 8
+                })
+            });
+    }
+
+    fn deadline(&self, cap: Duration) -> Duration {
+        let seen = Duration::from_micros(self.round_trip_us.load(Ordering::Relaxed)) * 3;
+        seen.clamp(PROBE_DEADLINE, cap.max(PROBE_DEADLINE))
+    }
+}
 
 /// Lanes of unkeyed publishers (one per topic in each), one lane per concurrent caller (worker):
 /// the client's `flush()` waits for every in-flight batch of *its* publisher before it reads its
@@ -111,6 +144,8 @@ pub struct PubsubPublisher {
     dedupe_attribute: String,
     /// Where it publishes, for error messages.
     endpoint: String,
+    /// The probes' deadline, from the round trips seen.
+    clock: Arc<ProbeClock>,
 }
 
 impl PubsubPublisher {
@@ -163,6 +198,7 @@ impl PubsubPublisher {
             delay: args.publish_delay,
             dedupe_attribute: args.dedupe_attribute.clone(),
             endpoint: endpoint_name,
+            clock: Arc::default(),
         })
     }
 
@@ -233,11 +269,17 @@ impl PubsubPublisher {
             tokio::spawn(async move { publisher.flush().await });
         }
         let all = futures::future::join_all(pending);
+        let started = std::time::Instant::now();
         match tokio::time::timeout(self.timeout, all).await {
-            Ok(results) => results
-                .into_iter()
-                .map(|r| r.map_err(|e| classify(&e)))
-                .collect(),
+            Ok(results) => {
+                if results.iter().any(Result::is_ok) {
+                    self.clock.answered(started.elapsed());
+                }
+                results
+                    .into_iter()
+                    .map(|r| r.map_err(|e| classify(&e)))
+                    .collect()
+            }
             Err(_) => {
                 let failure = PublishFailure::transient(format!(
                     "publish did not complete within {:?} (Pub/Sub slow or unreachable at {})",
@@ -290,8 +332,38 @@ impl Publish for PubsubPublisher {
     }
 
     async fn probe(&self, topic: &str) -> Result<(), ProbeError> {
-        let call = self.admin.get_topic().set_topic(topic).send();
-        match tokio::time::timeout(PROBE_DEADLINE, call).await {
+        let deadline = self.clock.deadline(self.timeout);
+        let (admin, clock, cap, name) = (
+            self.admin.clone(),
+            self.clock.clone(),
+            self.timeout,
+            topic.to_owned(),
+        );
+        // Spawned, so that an answer after the deadline still teaches the clock (see ProbeClock).
+        let mut call = tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let answer = tokio::time::timeout(cap, admin.get_topic().set_topic(name).send()).await;
+            let answered = match &answer {
+                Ok(Ok(_)) => true,
+                Ok(Err(e)) => e.status().is_some() || e.http_status_code().is_some(),
+                Err(_) => false,
+            };
+            if answered {
+                clock.answered(started.elapsed());
+            }
+            answer
+        });
+        let answer = match tokio::time::timeout(deadline, &mut call).await {
+            Ok(Ok(Ok(answer))) => Ok(answer),
+            Ok(Ok(Err(_))) | Err(_) => Err(()),
+            Ok(Err(join)) => {
+                return Err(ProbeError::Unreachable(format!(
+                    "the probe of Pub/Sub at {} did not run: {join}",
+                    self.endpoint
+                )));
+            }
+        };
+        match answer {
             Ok(Ok(_)) => Ok(()),
             // The broker answered; the topic (or our access to it) is the problem, not an outage.
             Ok(Err(e)) if e.status().is_some() || e.http_status_code().is_some() => Ok(()),
@@ -303,9 +375,33 @@ impl Publish for PubsubPublisher {
                 self.endpoint
             ))),
             Err(_) => Err(ProbeError::Unreachable(format!(
-                "Pub/Sub at {} gave no answer within {PROBE_DEADLINE:?}",
+                "Pub/Sub at {} gave no answer within {deadline:?}",
                 self.endpoint
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_probe_deadline_follows_slow_round_trips_up_to_the_publish_timeout() {
+        let cap = Duration::from_secs(30);
+        let clock = ProbeClock::default();
+        assert_eq!(clock.deadline(cap), PROBE_DEADLINE, "nothing seen yet");
+        clock.answered(Duration::from_millis(20));
+        assert_eq!(clock.deadline(cap), PROBE_DEADLINE, "fast round trips: 2 s");
+        let slow = ProbeClock::default();
+        slow.answered(Duration::from_secs(4));
+        assert_eq!(
+            slow.deadline(cap),
+            Duration::from_secs(12),
+            "3 x a 4 s round trip"
+        );
+        let glacial = ProbeClock::default();
+        glacial.answered(Duration::from_secs(20));
+        assert_eq!(glacial.deadline(cap), cap, "never past the publish timeout");
     }
 }

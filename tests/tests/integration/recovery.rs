@@ -12,7 +12,7 @@ use harness::process::{Process, http_get, unused_low_port};
 use harness::proxy::TcpProxy;
 use harness::pubsub::TestTopic;
 use harness::wait::wait_until;
-use outbox_dispatcher::publisher::{BatchResult, ProbeError, Publish};
+use outbox_dispatcher::publisher::{BatchResult, ProbeError, Publish, PubsubPublisher};
 use outbox_runtime::db::DatabaseArgs;
 use outbox_shared::{ClaimedMessage, enqueue_batch};
 
@@ -179,6 +179,36 @@ impl Publish for Wedged {
     async fn probe(&self, _topic: &str) -> Result<(), ProbeError> {
         Ok(())
     }
+}
+
+#[tokio::test]
+async fn a_slow_but_answering_pubsub_is_not_an_outage() {
+    let db = TestDb::new().await;
+    let topic = TestTopic::new(false).await;
+    // 1.5 s each way: every publish and every probe takes over 3 s, past the stall probe's
+    // trigger (1 s here) and its first 2 s deadline.
+    let proxy = TcpProxy::start(&harness::env::pubsub_emulator_host()).await;
+    proxy.set_delay(Duration::from_millis(1500));
+    harness::fixtures::enqueue_numbered(&db.pool, &topic.topic, 20).await;
+    let mut config = test_dispatcher::config_for(&proxy.addr());
+    config.workers = 1;
+    config.stall_probe_after = Duration::from_secs(1);
+    config.pubsub.publish_timeout = Duration::from_secs(40);
+    config.lock_timeout = Duration::from_secs(60);
+    let publisher = PubsubPublisher::connect(&config.pubsub)
+        .await
+        .expect("the publisher connects");
+    let service = Running::start(test_dispatcher::build_service(&db, publisher, config).await);
+    harness::wait::drained(&db.pool, Duration::from_secs(90)).await;
+    let metrics = http_get(&service.addr(), "/metrics").await.1;
+    service.stop().await;
+    let outages = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("outbox_outage_batches_total "))
+        .and_then(|v| v.parse::<f64>().ok());
+    eprintln!("SLOW: 20 messages at a 3 s round trip; outage batches: {outages:?}");
+    assert_eq!(outages, Some(0.0), "no batch was taken for an outage");
+    assert_eq!(topic.pull(20, Duration::from_secs(3)).await.len(), 20);
 }
 
 #[tokio::test]
