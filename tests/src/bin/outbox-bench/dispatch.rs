@@ -93,7 +93,7 @@ pub struct DispatchArgs {
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     pub max_inflight_bytes: u64,
     /// Keep one Pub/Sub client for every key spread, as a long-running dispatcher does, instead
-    /// of a fresh one per spread (shows what keys seen earlier cost later batches).
+    /// of a fresh one per spread (keyed publishers live one batch either way).
     #[arg(long, default_value_t = false)]
     pub share_publisher: bool,
     /// A poison storm: the bench topic validates every message against an Avro schema (JSON),
@@ -257,8 +257,8 @@ async fn dispatch_runs(db: &Scratch, args: &DispatchArgs, topic: &str) -> Result
     let mut shared = None;
     let mut table = Vec::new();
     for keys in &args.keys {
-        // The Pub/Sub client keeps per-ordering-key state for its whole life (BENCHMARKS.md), so
-        // by default every key spread starts with a fresh client.
+        // By default every key spread starts with a fresh client (its unkeyed publishers and
+        // channel warm up again); `--share-publisher` keeps one, as a long-running dispatcher does.
         let publisher = match &shared {
             Some(p) if args.share_publisher => Clone::clone(p),
             _ => PubsubPublisher::connect(&pubsub).await?,
