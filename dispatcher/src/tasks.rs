@@ -404,9 +404,7 @@ pub(crate) async fn heartbeat<P: Publish>(
         }
     }
     if let Ok(mut tx) = d.pool.begin().await
-        && replica::remove(&mut tx, &row.replica_id, forget_secs as i64)
-            .await
-            .is_ok()
+        && replica::remove(&mut tx, &row.replica_id).await.is_ok()
     {
         let _ = tx.commit().await;
     }

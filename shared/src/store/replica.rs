@@ -59,24 +59,16 @@ pub async fn heartbeat(conn: &mut PgConnection, r: &Replica) -> Result<()> {
     Ok(())
 }
 
-/// Removes a replica's row (a clean shutdown), and rows whose heartbeat is older than
-/// `forget_after_secs` (replicas gone: see [`prune`]).
+/// Removes a replica's own row (a clean shutdown). Rows of replicas gone without one are
+/// deleted by every heartbeat ([`prune`]).
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
-pub async fn remove(
-    conn: &mut PgConnection,
-    replica_id: &str,
-    forget_after_secs: i64,
-) -> Result<()> {
-    sqlx::query(
-        "DELETE FROM pubsub_outbox_replica
-         WHERE replica_id = $1 OR heartbeat_at < now() - make_interval(secs => $2)",
-    )
-    .persistent(crate::store::named_statements())
-    .bind(replica_id)
-    .bind(forget_after_secs as f64)
-    .execute(&mut *conn)
-    .await
-    .context("removing a replica from pubsub_outbox_replica")?;
+pub async fn remove(conn: &mut PgConnection, replica_id: &str) -> Result<()> {
+    sqlx::query("DELETE FROM pubsub_outbox_replica WHERE replica_id = $1")
+        .persistent(crate::store::named_statements())
+        .bind(replica_id)
+        .execute(&mut *conn)
+        .await
+        .context("removing a replica from pubsub_outbox_replica")?;
     Ok(())
 }
 
