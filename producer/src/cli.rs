@@ -20,7 +20,7 @@ use outbox_runtime::telemetry::TelemetryArgs;
 
 use crate::bigquery::{Credentials, Timeouts};
 use crate::ops::OpsCommand;
-use crate::settings::{OnOverlap, Settings, executor_id};
+use crate::settings::{self, OnOverlap, Settings, executor_id};
 
 /// pubsub-outbox producer: enqueues new BigQuery rows into pubsub_outbox, exactly once per row.
 ///
@@ -161,10 +161,23 @@ pub struct JobArgs {
     /// Sample messages a dry run prints per stream.
     #[arg(long, env = "OUTBOX_PRODUCER_DRY_RUN_SAMPLE", default_value_t = 10)]
     pub dry_run_sample: usize,
-    /// BigQuery rows per page; each page is one PostgreSQL transaction (memory is bounded by it).
-    #[arg(long, env = "OUTBOX_PRODUCER_PAGE_SIZE", default_value_t = 1000,
+    /// At most this many BigQuery rows per page (pages are sized by --page-bytes); in page mode
+    /// each page is one PostgreSQL transaction.
+    #[arg(long, env = "OUTBOX_PRODUCER_PAGE_SIZE", default_value_t = settings::DEFAULT_PAGE_ROWS,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub page_size: u32,
+    /// BigQuery pages of about this many bytes on the wire (64 KiB to 10 MiB; the first page is
+    /// at most 1,000 rows, then the rows per page follow from the row size seen). Memory holds
+    /// about (--read-parallelism + 2) pages.
+    #[arg(long, env = "OUTBOX_PRODUCER_PAGE_BYTES", default_value_t = settings::DEFAULT_PAGE_BYTES as u64,
+          value_parser = clap::value_parser!(u64).range(65_536..=10_485_760))]
+    pub page_bytes: u64,
+    /// Pages of one result read from BigQuery at once (row ranges by startIndex, committed
+    /// strictly in order); 1 reads one page after another. The next pages are read while the
+    /// current one commits either way.
+    #[arg(long, env = "OUTBOX_PRODUCER_READ_PARALLELISM", default_value_t = settings::DEFAULT_PARALLEL_READS as u64,
+          value_parser = clap::value_parser!(u64).range(1..=16))]
+    pub read_parallelism: u64,
     /// When another execution is running a stream: skip it (exit 0, logged) or wait for it.
     #[arg(
         long,
@@ -247,6 +260,8 @@ impl RunArgs {
         let r = &self.job;
         Settings {
             page_size: r.page_size,
+            page_bytes: usize::try_from(r.page_bytes).unwrap_or(settings::DEFAULT_PAGE_BYTES),
+            parallel_reads: usize::try_from(r.read_parallelism).unwrap_or(1),
             on_overlap: r.on_overlap,
             dry_run: r.dry_run,
             dry_run_sample: r.dry_run_sample,

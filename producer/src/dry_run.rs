@@ -37,7 +37,7 @@ pub async fn dry_run_stream<A: Api>(
     let stored = watermark::get(&mut conn, name).await.in_stream(name)?;
     drop(conn);
     let stored = stored.and_then(|c| Position::from_cursor(&c, stream.cursor.key_type));
-    let query = StreamQuery::new(stream, stored.as_ref(), settings.page_size);
+    let query = StreamQuery::new(stream, stored.as_ref(), settings);
 
     let estimate = query.estimate_bytes(bq).await?;
     tracing::info!(stream = name, estimated_bytes = estimate, from = %query.lower(), "Dry run: BigQuery estimates the bytes the query processes.");

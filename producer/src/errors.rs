@@ -138,6 +138,18 @@ pub enum ErrorKind {
         /// Chunks committed before stopping.
         chunks: usize,
     },
+    /// `commit = "run"`: the run grew past a guard; its transaction was rolled back.
+    #[error(
+        "the run has more than {limit} {what} and commit = \"run\" makes a run one transaction; \
+         nothing was enqueued and the watermark did not move. Raise max_run_{what} for this \
+         stream, or use commit = \"page\" for streams this large"
+    )]
+    RunTooLarge {
+        /// "rows" or "bytes".
+        what: &'static str,
+        /// The guard.
+        limit: u64,
+    },
 }
 
 /// Attaches a stream name to store errors.

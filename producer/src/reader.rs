@@ -23,15 +23,17 @@ pub(crate) struct StreamQuery<'s> {
 }
 
 impl<'s> StreamQuery<'s> {
-    /// The query of `stream` after `stored` (or from the start), `page_size` rows per page.
-    pub(crate) fn new(stream: &'s Stream, stored: Option<&Position>, page_size: u32) -> Self {
+    /// The query of `stream` after `stored` (or from the start), read as `settings` say.
+    pub(crate) fn new(stream: &'s Stream, stored: Option<&Position>, settings: &Settings) -> Self {
         let lower = Position::lower_bound(stored, stream.lookback, stream.cursor.key_type);
         let spec = QuerySpec {
             query: stream.query.clone(),
             params: lower.parameters(),
             location: stream.location.clone(),
             maximum_bytes_billed: stream.maximum_bytes_billed,
-            page_size: page_size.max(1),
+            page_size: settings.page_size.max(1),
+            page_bytes: settings.page_bytes,
+            parallel_reads: settings.parallel_reads,
         };
         Self {
             stream,

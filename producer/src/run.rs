@@ -31,9 +31,10 @@ use outbox_shared::store::dead_letter::{self, Rejection};
 use outbox_shared::store::run_ledger::{self, Counts, Outcome};
 use outbox_shared::store::{lookback, notify, outbox, watermark};
 use sqlx::{Connection, PgConnection, PgPool};
+use tokio::sync::mpsc::{Receiver, Sender};
 
 use crate::bigquery::{Api, BigQuery};
-use crate::config::Stream;
+use crate::config::{Commit, Stream};
 use crate::cursor::Position;
 use crate::errors::{ErrorKind, InStream, StreamError};
 use crate::mapping::MappedRow;
@@ -117,7 +118,6 @@ pub async fn run_stream<A: Api>(
         .await
         .in_stream(name)?;
     let mut run = Run {
-        conn,
         stream,
         settings,
         summary: StreamSummary::new(name, StreamOutcome::Succeeded),
@@ -126,21 +126,24 @@ pub async fn run_stream<A: Api>(
     };
     run.summary.run_id = Some(run_id);
     let result = run
-        .read_and_enqueue(bq, shutdown, Progress::new(settings.progress_interval))
+        .read_and_enqueue(
+            &mut conn,
+            bq,
+            shutdown,
+            Progress::new(settings.progress_interval),
+        )
         .await;
     let (outcome, error) = match &result {
         Ok(()) => (Outcome::Succeeded, None),
         Err(e) => (Outcome::Failed, Some(e.to_string())),
     };
     let bytes = run.summary.bytes_processed;
-    if let Err(e) =
-        run_ledger::finish(&mut run.conn, run_id, outcome, bytes, error.as_deref()).await
-    {
+    if let Err(e) = run_ledger::finish(&mut conn, run_id, outcome, bytes, error.as_deref()).await {
         tracing::warn!(stream = name, run_id, error = %e, "Could not close the producer_run row; the next run of the stream closes it.");
     }
     // Closing the connection releases the lock too; unlock first so it is prompt and explicit.
-    let _ = watermark::unlock(&mut run.conn, name).await;
-    let _ = run.conn.close().await;
+    let _ = watermark::unlock(&mut conn, name).await;
+    let _ = conn.close().await;
     result?;
     run.summary.watermark = run.high;
     run.summary.elapsed = started.elapsed();
@@ -182,7 +185,6 @@ async fn skip(
 }
 
 struct Run<'a> {
-    conn: PgConnection,
     stream: &'a Stream,
     settings: &'a Settings,
     summary: StreamSummary,
@@ -191,52 +193,179 @@ struct Run<'a> {
     chunks: usize,
 }
 
+/// A page read and mapped, waiting for its commit.
+struct ReadPage {
+    rows: Vec<MappedRow>,
+    /// The page's last row.
+    last: Position,
+    bytes_processed: Option<i64>,
+}
+
+/// What one page wrote (applied to the summary once its transaction commits).
+#[derive(Debug, Default)]
+struct Written {
+    fetched: u64,
+    enqueued: u64,
+    duplicates: u64,
+    rejected: u64,
+    payload_bytes: u64,
+    /// The watermark moved to this page's last row.
+    advanced: Option<Position>,
+}
+
+impl Written {
+    fn add(&mut self, other: Written) {
+        self.fetched += other.fetched;
+        self.enqueued += other.enqueued;
+        self.duplicates += other.duplicates;
+        self.rejected += other.rejected;
+        self.payload_bytes += other.payload_bytes;
+        if other.advanced.is_some() {
+            self.advanced = other.advanced;
+        }
+    }
+}
+
+/// Pages read ahead of the one committing (besides the reads in flight).
+const READ_AHEAD: usize = 1;
+
 impl Run<'_> {
+    /// Reads pages while earlier ones commit: the reader (a task of its own, so BigQuery's
+    /// answers are parsed and mapped on another core) runs ahead by at most [`READ_AHEAD`] pages
+    /// plus the reads in flight; pages commit strictly in order.
     async fn read_and_enqueue<A: Api>(
         &mut self,
+        conn: &mut PgConnection,
         bq: &BigQuery<A>,
+        shutdown: &Shutdown,
+        progress: Progress,
+    ) -> Result<(), StreamError> {
+        let (tx, rx) = tokio::sync::mpsc::channel(READ_AHEAD);
+        let reader = Reader {
+            bq: bq.clone(),
+            stream: self.stream.clone(),
+            settings: self.settings.clone(),
+            stored: self.high.clone(),
+        };
+        let reading = AbortOnDrop(tokio::spawn(reader.read(tx)));
+        let committed = self.commit_pages(conn, rx, shutdown, progress).await;
+        drop(reading);
+        committed
+    }
+
+    /// Commits the pages as they come: one transaction each, or one for the run.
+    async fn commit_pages(
+        &mut self,
+        conn: &mut PgConnection,
+        mut pages: Receiver<Result<ReadPage, StreamError>>,
         shutdown: &Shutdown,
         mut progress: Progress,
     ) -> Result<(), StreamError> {
         let name = self.stream.name.as_str();
-        let query = StreamQuery::new(self.stream, self.high.as_ref(), self.settings.page_size);
-        let from = query.lower().clone();
-        let mut rows = query.open(bq, self.settings).await?;
-        tracing::info!(stream = name, job = rows.job_id(), from = %from, "Reading new rows.");
-        while let Some(page) = rows.next_page().await? {
-            self.summary.bytes_processed = rows.bytes_processed();
-            if page.is_empty() {
-                continue;
+        match self.stream.commit {
+            Commit::Page => {
+                while let Some(page) = self.next(&mut pages).await? {
+                    let mut tx = begin(conn, name).await?;
+                    let written = self.write_page(&mut tx, page.rows, &page.last).await?;
+                    self.notify(&mut tx, written.enqueued).await?;
+                    commit(tx, name).await?;
+                    self.apply(written);
+                    self.page_done(&mut progress, shutdown, 0)?;
+                }
             }
-            self.commit_chunk(page, rows.last()).await?;
-            self.chunks += 1;
-            progress.tick(name, self.summary.fetched, self.high.as_ref());
-            if shutdown.is_requested() {
-                let kind = ErrorKind::Interrupted {
-                    chunks: self.chunks,
-                };
-                return Err(StreamError::new(name, kind));
+            Commit::Run {
+                max_rows,
+                max_bytes,
+            } => {
+                let mut tx = begin(conn, name).await?;
+                let mut pending = Written::default();
+                while let Some(page) = self.next(&mut pages).await? {
+                    pending.add(self.write_page(&mut tx, page.rows, &page.last).await?);
+                    for (what, seen, limit) in [
+                        ("rows", pending.fetched, max_rows),
+                        ("bytes", pending.payload_bytes, max_bytes),
+                    ] {
+                        if seen > limit {
+                            let kind = ErrorKind::RunTooLarge { what, limit };
+                            return Err(StreamError::new(name, kind));
+                        }
+                    }
+                    self.page_done(&mut progress, shutdown, pending.fetched)?;
+                }
+                self.notify(&mut tx, pending.enqueued).await?;
+                commit(tx, name).await?;
+                self.apply(pending);
             }
         }
-        self.summary.bytes_processed = rows.bytes_processed();
         self.summary.elapsed = progress.elapsed();
         Ok(())
     }
 
-    /// One page, one transaction (see the module doc).
-    async fn commit_chunk(
+    /// The next page with rows (keeping the bytes BigQuery reported), or the read's failure.
+    async fn next(
         &mut self,
+        pages: &mut Receiver<Result<ReadPage, StreamError>>,
+    ) -> Result<Option<ReadPage>, StreamError> {
+        while let Some(page) = pages.recv().await {
+            let page = page?;
+            if page.bytes_processed.is_some() {
+                self.summary.bytes_processed = page.bytes_processed;
+            }
+            if !page.rows.is_empty() {
+                return Ok(Some(page));
+            }
+        }
+        Ok(None)
+    }
+
+    /// After each page: progress, and a requested shutdown stops the run (in run mode before
+    /// anything is committed: the `uncommitted` rows are rolled back).
+    fn page_done(
+        &mut self,
+        progress: &mut Progress,
+        shutdown: &Shutdown,
+        uncommitted: u64,
+    ) -> Result<(), StreamError> {
+        let name = self.stream.name.as_str();
+        self.chunks += 1;
+        progress.tick(name, self.summary.fetched + uncommitted, self.high.as_ref());
+        if shutdown.is_requested() {
+            let chunks = if uncommitted > 0 { 0 } else { self.chunks };
+            return Err(StreamError::new(name, ErrorKind::Interrupted { chunks }));
+        }
+        Ok(())
+    }
+
+    async fn notify(&self, tx: &mut PgConnection, enqueued: u64) -> Result<(), StreamError> {
+        if enqueued == 0 {
+            return Ok(());
+        }
+        notify::notify(tx, &self.settings.notify_channel)
+            .await
+            .in_stream(&self.stream.name)
+    }
+
+    /// Takes what a committed transaction wrote into the summary and the watermark.
+    fn apply(&mut self, written: Written) {
+        if let Some(to) = written.advanced {
+            self.high = Some(to);
+        }
+        self.summary.fetched += written.fetched;
+        self.summary.enqueued += written.enqueued;
+        self.summary.duplicates += written.duplicates;
+        self.summary.rejected += written.rejected;
+    }
+
+    /// One page inside `tx` (see the module doc): enqueue, dead-letter, watermark, ledger.
+    async fn write_page(
+        &self,
+        tx: &mut PgConnection,
         page: Vec<MappedRow>,
         last: &Position,
-    ) -> Result<(), StreamError> {
+    ) -> Result<Written, StreamError> {
         let name = self.stream.name.as_str();
         let run_id = self.summary.run_id.unwrap_or_default();
         let fetched = page.len() as u64;
-        let mut tx = self
-            .conn
-            .begin()
-            .await
-            .map_err(|e| StreamError::database(name, "starting a chunk transaction", e))?;
         // With a lookback, rows this stream already committed are skipped here, whether or not
         // their outbox row still exists (the dispatcher deletes published rows).
         let remembered = if self.stream.lookback.is_some() {
@@ -244,7 +373,7 @@ impl Run<'_> {
                 .iter()
                 .map(|m| (dedupe_key(&m.outcome), m.position.micros))
                 .collect();
-            lookback::remember(&mut tx, name, &keys)
+            lookback::remember(&mut *tx, name, &keys)
                 .await
                 .in_stream(name)?
         } else {
@@ -252,24 +381,30 @@ impl Run<'_> {
         };
         let (mut accepted, mut rejected) = (Vec::new(), Vec::new());
         let mut seen_before = 0u64;
+        let mut payload_bytes = 0u64;
         for (mapped, new) in page.into_iter().zip(remembered) {
             match (new, mapped.outcome) {
                 (false, _) => seen_before += 1,
-                (true, Ok(m)) => accepted.push(m),
+                (true, Ok(m)) => {
+                    payload_bytes += m.payload.len() as u64;
+                    accepted.push(m);
+                }
                 (true, Err(r)) => rejected.push(r),
             }
         }
-        let enqueued = outbox::enqueue_batch(&mut tx, &accepted)
+        let enqueued = outbox::enqueue_batch(&mut *tx, &accepted)
             .await
             .in_stream(name)?;
         let dead_lettered =
-            dead_letter::insert_rejected(&mut tx, &format!("producer:{name}"), &rejected)
+            dead_letter::insert_rejected(&mut *tx, &format!("producer:{name}"), &rejected)
                 .await
                 .in_stream(name)?;
-        let advance = self.high.as_ref().is_none_or(|high| last > high);
+        // The watermark only moves forward (a lookback's early pages re-read older rows).
+        let high = self.high.as_ref();
+        let advance = high.is_none_or(|high| last > high);
         let to = advance.then(|| last.to_cursor());
         if let Some(cursor) = &to {
-            let stored = watermark::advance(&mut tx, name, cursor, run_id)
+            let stored = watermark::advance(&mut *tx, name, cursor, run_id)
                 .await
                 .in_stream(name)?;
             if stored != *cursor {
@@ -283,26 +418,89 @@ impl Run<'_> {
             duplicates: (enqueued.duplicates + already_rejected) as i64,
             rejected: dead_lettered as i64,
         };
-        run_ledger::record_chunk(&mut tx, run_id, counts, to.as_ref())
+        run_ledger::record_chunk(&mut *tx, run_id, counts, to.as_ref())
             .await
             .in_stream(name)?;
-        if enqueued.inserted > 0 {
-            notify::notify(&mut tx, &self.settings.notify_channel)
-                .await
-                .in_stream(name)?;
+        tracing::debug!(stream = name, batch.size = fetched, enqueued = enqueued.inserted, rejected = dead_lettered, watermark = %last, "Chunk written.");
+        Ok(Written {
+            fetched,
+            enqueued: enqueued.inserted,
+            duplicates: enqueued.duplicates + already_rejected,
+            rejected: dead_lettered,
+            payload_bytes,
+            advanced: advance.then(|| last.clone()),
+        })
+    }
+}
+
+async fn begin<'c>(
+    conn: &'c mut PgConnection,
+    name: &str,
+) -> Result<sqlx::Transaction<'c, sqlx::Postgres>, StreamError> {
+    conn.begin()
+        .await
+        .map_err(|e| StreamError::database(name, "starting a chunk transaction", e))
+}
+
+async fn commit(tx: sqlx::Transaction<'_, sqlx::Postgres>, name: &str) -> Result<(), StreamError> {
+    tx.commit()
+        .await
+        .map_err(|e| StreamError::database(name, "committing a chunk", e))
+}
+
+/// A run's reading side, owned by its task.
+struct Reader<A> {
+    bq: BigQuery<A>,
+    stream: Stream,
+    settings: Settings,
+    stored: Option<Position>,
+}
+
+impl<A: Api> Reader<A> {
+    /// Sends each page read and mapped, in order. A failure goes down the channel too: the pages
+    /// before it still commit (page mode) or the run rolls back (run mode). A closed channel (the
+    /// commit side failed or finished) stops the reading.
+    async fn read(self, pages: Sender<Result<ReadPage, StreamError>>) {
+        let name = self.stream.name.as_str();
+        let query = StreamQuery::new(&self.stream, self.stored.as_ref(), &self.settings);
+        let from = query.lower().clone();
+        let mut rows = match query.open(&self.bq, &self.settings).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                let _ = pages.send(Err(e)).await;
+                return;
+            }
+        };
+        tracing::info!(stream = name, job = rows.job_id(), from = %from, "Reading new rows.");
+        loop {
+            let next = tokio::select! {
+                biased;
+                () = pages.closed() => return,
+                next = rows.next_page() => next,
+            };
+            let page = match next {
+                Ok(None) => return,
+                Ok(Some(page)) => Ok(ReadPage {
+                    rows: page,
+                    last: rows.last().clone(),
+                    bytes_processed: rows.bytes_processed(),
+                }),
+                Err(e) => Err(e),
+            };
+            let failed = page.is_err();
+            if pages.send(page).await.is_err() || failed {
+                return;
+            }
         }
-        tx.commit()
-            .await
-            .map_err(|e| StreamError::database(name, "committing a chunk", e))?;
-        if advance {
-            self.high = Some(last.clone());
-        }
-        self.summary.fetched += fetched;
-        self.summary.enqueued += enqueued.inserted;
-        self.summary.duplicates += enqueued.duplicates + already_rejected;
-        self.summary.rejected += dead_lettered;
-        tracing::debug!(stream = name, batch.size = fetched, enqueued = enqueued.inserted, rejected = dead_lettered, watermark = %last, "Chunk committed.");
-        Ok(())
+    }
+}
+
+/// Aborts the task when dropped (the run ended, or was itself dropped).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

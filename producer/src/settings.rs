@@ -2,6 +2,13 @@
 
 use std::time::Duration;
 
+/// `--page-size`: a cap; pages are sized by `--page-bytes`.
+pub const DEFAULT_PAGE_ROWS: u32 = 50_000;
+/// `--page-bytes`: 4 MiB (BigQuery cuts a page at ~10 MB).
+pub const DEFAULT_PAGE_BYTES: usize = 4 << 20;
+/// `--read-parallelism`.
+pub const DEFAULT_PARALLEL_READS: usize = 4;
+
 /// What to do when another execution is running the same stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum OnOverlap {
@@ -15,8 +22,12 @@ pub enum OnOverlap {
 /// How the job runs (built from the command line; tests build it directly).
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// BigQuery rows per page, and so per PostgreSQL transaction.
+    /// At most this many BigQuery rows per page (one PostgreSQL transaction in page mode).
     pub page_size: u32,
+    /// BigQuery pages of about this many bytes on the wire.
+    pub page_bytes: usize,
+    /// Row ranges of one result read at once.
+    pub parallel_reads: usize,
     /// What to do when the stream is already running elsewhere.
     pub on_overlap: OnOverlap,
     /// Read and map, but write nothing.
@@ -44,7 +55,9 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Self {
-            page_size: 1000,
+            page_size: DEFAULT_PAGE_ROWS,
+            page_bytes: DEFAULT_PAGE_BYTES,
+            parallel_reads: DEFAULT_PARALLEL_READS,
             on_overlap: OnOverlap::Skip,
             dry_run: false,
             dry_run_sample: 10,

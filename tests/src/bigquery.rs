@@ -9,6 +9,7 @@
 //! - JSON columns must be inserted as JSON *text* (an object is stored as its Python repr);
 //! - a column named like a reserved word (`by`) silently empties `SELECT *`: avoid such names.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use gcp_bigquery_client::Client;
@@ -151,50 +152,44 @@ impl Drop for TestTable {
     }
 }
 
-/// A BigQuery API that answers like `inner` for the first `pages` result pages, then refuses
-/// every call: a run through it fails right after committing `pages` chunks, as a crash would.
-#[derive(Debug)]
-pub struct FailAfterPages<A> {
+/// A BigQuery API that answers like `inner` for the rows before `row`, then refuses every call
+/// asking for rows from there on (`startIndex` or a bqemulator page token, which is a row
+/// offset): a run through it fails right after committing the pages before `row`, as a crash
+/// would, however many pages it reads at once. Counts the calls that asked for rows.
+#[derive(Debug, Clone)]
+pub struct FailFromRow<A> {
     inner: A,
-    pages: usize,
-    served: AtomicUsize,
+    row: u64,
+    calls: Arc<AtomicUsize>,
 }
 
-impl<A> FailAfterPages<A> {
-    /// Serves `pages` complete result pages from `inner`, then fails.
-    pub fn new(inner: A, pages: usize) -> Self {
+impl<A> FailFromRow<A> {
+    /// Serves the rows before `row` from `inner`, then fails.
+    pub fn new(inner: A, row: u64) -> Self {
         Self {
             inner,
-            pages,
-            served: AtomicUsize::new(0),
+            row,
+            calls: Arc::new(AtomicUsize::new(0)),
         }
     }
 
-    /// The refusal every call gets once the pages are served.
+    /// The refusal every call for a row at or after `row` gets.
     pub fn message(&self) -> String {
-        format!("injected failure after {} page(s)", self.pages)
+        format!("injected failure from row {}", self.row)
     }
 
-    fn check(&self) -> Result<(), ApiError> {
-        if self.served.load(Ordering::SeqCst) >= self.pages {
-            return Err(ApiError::refused(self.message()));
-        }
-        Ok(())
-    }
-
-    fn count(&self, complete: Option<bool>) {
-        if complete == Some(true) {
-            self.served.fetch_add(1, Ordering::SeqCst);
-        }
+    /// getQueryResults calls so far.
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
     }
 }
 
-impl<A: Api> Api for FailAfterPages<A> {
+impl<A: Api> Api for FailFromRow<A> {
     async fn query(&self, project: &str, request: QueryRequest) -> Result<QueryResponse, ApiError> {
-        self.check()?;
-        let response = self.inner.query(project, request).await?;
-        self.count(response.job_complete);
-        Ok(response)
+        if self.row == 0 {
+            return Err(ApiError::refused(self.message()));
+        }
+        self.inner.query(project, request).await
     }
 
     async fn get_query_results(
@@ -203,12 +198,16 @@ impl<A: Api> Api for FailAfterPages<A> {
         job_id: &str,
         params: GetQueryResultsParameters,
     ) -> Result<GetQueryResultsResponse, ApiError> {
-        self.check()?;
-        let response = self
-            .inner
-            .get_query_results(project, job_id, params)
-            .await?;
-        self.count(response.job_complete);
-        Ok(response)
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let at = params
+            .start_index
+            .as_deref()
+            .or(params.page_token.as_deref())
+            .and_then(|i| i.parse::<u64>().ok())
+            .unwrap_or(0);
+        if at >= self.row {
+            return Err(ApiError::refused(self.message()));
+        }
+        self.inner.get_query_results(project, job_id, params).await
     }
 }

@@ -13,6 +13,7 @@
 //! - [`bigquery`]: tables on bqemulator.
 
 pub mod bigquery;
+pub mod bigquery_standin;
 pub mod db;
 pub mod detached;
 pub mod dispatcher;

@@ -30,8 +30,9 @@ pub use auth::AnonymousAuthenticator;
 pub use pages::{BigQuery, Pages, QuerySpec, Timeouts};
 pub use rest::Rest;
 
-/// The BigQuery REST calls the producer makes.
-pub trait Api: Send + Sync {
+/// The BigQuery REST calls the producer makes. Cloned into the tasks that read pages ahead
+/// (cheap: [`Rest`] shares its HTTP client).
+pub trait Api: Send + Sync + Clone + 'static {
     /// `jobs.query`: starts a query, returns its first page if it finished within the timeout.
     fn query(
         &self,

@@ -1,7 +1,17 @@
-//! One query's result, page by page: `jobs.query`, then `jobs.getQueryResults` with page tokens.
+//! One query's result, page by page: `jobs.query`, then `jobs.getQueryResults`.
 //!
-//! - Memory: at most one page is held (`maxResults` = the page size; BigQuery also caps a page
-//!   at ~10 MB), whatever the result size.
+//! - **Pages sized in bytes**: the first page is small ([`FIRST_PAGE_ROWS`] rows at most); from
+//!   its rows the reader learns the bytes per row on the wire and asks for pages of about
+//!   [`QuerySpec::page_bytes`] (at most [`QuerySpec::page_size`] rows; BigQuery itself cuts a page
+//!   at ~10 MB). A 600-byte row gets ~7,000-row pages at 4 MiB, not 1,000: a round trip of 100–500
+//!   ms then carries 7x the rows.
+//! - **Concurrent reads of one result**: once the job is complete and BigQuery said how many rows
+//!   it has (`totalRows`), the rest is read as row ranges (`startIndex` + `maxResults`), up to
+//!   [`QuerySpec::parallel_reads`] ranges in flight, handed out strictly in row order. A range
+//!   BigQuery answers short (its byte cap) is finished by further calls from where it stopped.
+//!   Without `totalRows`, pages follow the page tokens one after another.
+//! - Memory: at most `parallel_reads` pages in flight plus the one handed out, whatever the
+//!   result size.
 //! - `jobComplete: false` (a slow query): poll `getQueryResults` (server-side wait `timeoutMs`,
 //!   plus a short client backoff) until the job completes or [`Timeouts::job`] passes.
 //! - Each call has a timeout and is retried with backoff (bounded: [`Timeouts::retries`]) when
@@ -16,6 +26,8 @@
 use std::time::{Duration, Instant};
 
 use backon::{ExponentialBuilder, Retryable};
+use std::collections::VecDeque;
+
 use gcp_bigquery_client::model::data_format_options::DataFormatOptions;
 use gcp_bigquery_client::model::error_proto::ErrorProto;
 use gcp_bigquery_client::model::get_query_results_parameters::GetQueryResultsParameters;
@@ -24,11 +36,18 @@ use gcp_bigquery_client::model::query_request::QueryRequest;
 use gcp_bigquery_client::model::query_response::QueryResponse;
 use gcp_bigquery_client::model::table_row::TableRow;
 use gcp_bigquery_client::model::table_schema::TableSchema;
+use tokio::task::JoinHandle;
 
 use super::{Api, ApiError, ApiErrorKind};
 
 /// Server-side wait per `jobs.query` / `getQueryResults` call while a job runs.
 const SERVER_WAIT_MS: i32 = 10_000;
+
+/// Rows of the first page, before the reader knows how large a row is.
+pub const FIRST_PAGE_ROWS: u32 = 1_000;
+
+/// Rows sampled per page to learn the bytes per row on the wire.
+const SAMPLED_ROWS: usize = 16;
 
 /// Time limits of BigQuery calls.
 #[derive(Debug, Clone, Copy)]
@@ -65,8 +84,12 @@ pub struct QuerySpec {
     pub location: Option<String>,
     /// Cost guard passed as `maximumBytesBilled`.
     pub maximum_bytes_billed: Option<i64>,
-    /// Rows per page (`maxResults`).
+    /// At most this many rows per page (`maxResults`).
     pub page_size: u32,
+    /// Pages of about this many bytes on the wire (the rows per page follow from the rows seen).
+    pub page_bytes: usize,
+    /// Row ranges of one result read at once (1: one page after another).
+    pub parallel_reads: usize,
 }
 
 /// A BigQuery API in a project, with time limits.
@@ -112,6 +135,11 @@ impl<A: Api> BigQuery<A> {
         &self.project
     }
 
+    /// The API calls go through.
+    pub fn api(&self) -> &A {
+        &self.api
+    }
+
     /// Asks BigQuery (dry run, nothing billed) how many bytes the query would process.
     pub async fn estimate_bytes(&self, spec: &QuerySpec) -> Result<Option<i64>, PagesError> {
         let mut request = request(spec);
@@ -147,20 +175,26 @@ impl<A: Api> BigQuery<A> {
             .or_else(|| spec.location.clone());
         let mut pages = Pages {
             bq: self,
-            job_id,
-            location,
-            page_size: spec.page_size,
+            job: Job { job_id, location },
+            page_size: spec.page_size.max(1),
+            page_bytes: spec.page_bytes.max(1),
+            parallel_reads: spec.parallel_reads.max(1),
             deadline: started + self.timeouts.job,
             schema: TableSchema::default(),
             bytes_processed: None,
             pending: None,
             next_token: None,
             done: false,
+            total_rows: None,
+            scheduled: 0,
+            sampled: (0, 0),
+            reads: VecDeque::new(),
         };
         if first.job_complete == Some(true) {
             pages.accept(first)?;
         } else {
-            let response = pages.fetch(None).await?;
+            let rows = pages.first_rows();
+            let response = poll_results(self, &pages.job, pages.deadline, None, rows).await?;
             pages.accept(response)?;
         }
         Ok(pages)
@@ -198,19 +232,57 @@ impl<A: Api> BigQuery<A> {
     }
 }
 
-/// A running or finished query's result, read page by page.
-#[derive(Debug)]
-pub struct Pages<'a, A> {
-    bq: &'a BigQuery<A>,
+/// Which job a result belongs to.
+#[derive(Debug, Clone)]
+struct Job {
     job_id: String,
     location: Option<String>,
+}
+
+/// One row range being read, by a task of its own (it goes on while the pages before it
+/// commit).
+type RangeRead = JoinHandle<Result<Vec<TableRow>, PagesError>>;
+
+/// A running or finished query's result, read page by page.
+pub struct Pages<'a, A> {
+    bq: &'a BigQuery<A>,
+    job: Job,
     page_size: u32,
+    page_bytes: usize,
+    parallel_reads: usize,
     deadline: Instant,
     schema: TableSchema,
     bytes_processed: Option<i64>,
     pending: Option<Vec<TableRow>>,
     next_token: Option<String>,
     done: bool,
+    /// Rows in the result, once BigQuery said (then the rest is read by row ranges).
+    total_rows: Option<u64>,
+    /// Rows read, handed out or being read (the next range starts here).
+    scheduled: u64,
+    /// (rows, bytes) sampled so far, for the bytes per row.
+    sampled: (usize, usize),
+    /// Row ranges in flight, in row order.
+    reads: VecDeque<RangeRead>,
+}
+
+impl<A> Drop for Pages<'_, A> {
+    fn drop(&mut self) {
+        for read in &self.reads {
+            read.abort();
+        }
+    }
+}
+
+impl<A> std::fmt::Debug for Pages<'_, A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pages")
+            .field("job", &self.job)
+            .field("total_rows", &self.total_rows)
+            .field("scheduled", &self.scheduled)
+            .field("reads_in_flight", &self.reads.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl<A: Api> Pages<'_, A> {
@@ -221,7 +293,7 @@ impl<A: Api> Pages<'_, A> {
 
     /// BigQuery's job id (for logs).
     pub fn job_id(&self) -> &str {
-        &self.job_id
+        &self.job.job_id
     }
 
     /// Bytes the query processed, once BigQuery reported it.
@@ -229,57 +301,82 @@ impl<A: Api> Pages<'_, A> {
         self.bytes_processed
     }
 
+    /// Rows per page from the bytes per row seen so far (the first page: a few).
+    pub fn rows_per_page(&self) -> u32 {
+        let (rows, bytes) = self.sampled;
+        if rows == 0 {
+            return self.first_rows();
+        }
+        let per_row = (bytes / rows).max(1);
+        u32::try_from(self.page_bytes / per_row)
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.page_size)
+    }
+
+    fn first_rows(&self) -> u32 {
+        self.page_size.min(FIRST_PAGE_ROWS)
+    }
+
     /// The next page's rows (possibly empty), or None after the last page.
     pub async fn next_page(&mut self) -> Result<Option<Vec<TableRow>>, PagesError> {
         if let Some(rows) = self.pending.take() {
+            self.learn(&rows);
+            self.schedule();
+            return Ok(Some(rows));
+        }
+        if self.total_rows.is_some() {
+            self.schedule();
+            let Some(read) = self.reads.pop_front() else {
+                return Ok(None);
+            };
+            let rows = read.await.map_err(|e| {
+                PagesError::Request(format!("reading a page of job {}: {e}", self.job.job_id))
+            })??;
+            self.learn(&rows);
+            self.schedule();
             return Ok(Some(rows));
         }
         if self.done {
             return Ok(None);
         }
         let token = self.next_token.clone();
-        let response = self.fetch(token).await?;
+        let rows = self.rows_per_page();
+        let response = poll_results(self.bq, &self.job, self.deadline, token, rows).await?;
         self.accept(response)?;
-        Ok(self.pending.take())
+        let rows = self.pending.take();
+        if let Some(rows) = &rows {
+            self.learn(rows);
+        }
+        Ok(rows)
     }
 
-    /// `getQueryResults` for one page, polling while the job is incomplete.
-    async fn fetch(&self, page_token: Option<String>) -> Result<QueryResponse, PagesError> {
-        let mut pause = self.bq.timeouts.poll;
-        loop {
-            let params = GetQueryResultsParameters {
-                format_options: Some(int64_timestamps()),
-                location: self.location.clone(),
-                max_results: Some(i32::try_from(self.page_size).unwrap_or(i32::MAX)),
-                page_token: page_token.clone(),
-                start_index: None,
-                timeout_ms: Some(SERVER_WAIT_MS),
-            };
-            let bq = self.bq;
-            let response: QueryResponse = bq
-                .call("jobs.getQueryResults", || {
-                    bq.api
-                        .get_query_results(&bq.project, &self.job_id, params.clone())
-                })
-                .await?
-                .into();
-            if response.job_complete == Some(true) {
-                return Ok(response);
-            }
-            check_errors(response.errors.as_deref(), None)?;
-            if Instant::now() >= self.deadline {
-                return Err(PagesError::Request(format!(
-                    "job {} did not complete within {:?}; raise --bigquery-job-timeout or make the query cheaper",
-                    self.job_id, self.bq.timeouts.job
-                )));
-            }
-            tracing::debug!(job = %self.job_id, "The BigQuery job is still running.");
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(2));
+    /// Starts row-range reads until `parallel_reads` are in flight or the result is covered.
+    fn schedule(&mut self) {
+        let Some(total) = self.total_rows else {
+            return;
+        };
+        while self.reads.len() < self.parallel_reads && self.scheduled < total {
+            let start = self.scheduled;
+            let end = (start + u64::from(self.rows_per_page())).min(total);
+            self.scheduled = end;
+            let (bq, job, page_size) = (self.bq.clone(), self.job.clone(), self.page_size);
+            self.reads.push_back(tokio::spawn(async move {
+                read_range(&bq, job, start, end, page_size).await
+            }));
         }
     }
 
-    /// Takes a complete answer: schema (first time), bytes, rows, next token.
+    /// Learns the bytes per row on the wire from a few of `rows`.
+    fn learn(&mut self, rows: &[TableRow]) {
+        let step = (rows.len() / SAMPLED_ROWS).max(1);
+        for row in rows.iter().step_by(step).take(SAMPLED_ROWS) {
+            let bytes = serde_json::to_vec(row).map_or(0, |v| v.len());
+            self.sampled.0 += 1;
+            self.sampled.1 += bytes;
+        }
+    }
+
+    /// Takes a complete answer: schema (first time), bytes, rows, total rows, next token.
     fn accept(&mut self, response: QueryResponse) -> Result<(), PagesError> {
         check_errors(response.errors.as_deref(), response.schema.as_ref())?;
         if let Some(schema) = response.schema {
@@ -289,17 +386,120 @@ impl<A: Api> Pages<'_, A> {
         } else if self.schema.fields.is_none() {
             return Err(PagesError::Request(format!(
                 "job {} completed without a result schema",
-                self.job_id
+                self.job.job_id
             )));
         }
         if let Some(bytes) = parse_bytes(response.total_bytes_processed.as_deref()) {
             self.bytes_processed = Some(bytes);
         }
-        self.pending = Some(response.rows.unwrap_or_default());
+        let rows = response.rows.unwrap_or_default();
         self.next_token = response.page_token.filter(|t| !t.is_empty());
         self.done = self.next_token.is_none();
+        // Once BigQuery says how many rows there are, the rest is read by row ranges.
+        self.scheduled += rows.len() as u64;
+        let total = response.total_rows.as_deref().and_then(|t| t.parse().ok());
+        if let Some(total) = total.filter(|&t: &u64| !self.done && t > self.scheduled) {
+            self.total_rows = Some(total);
+        }
+        self.pending = Some(rows);
         Ok(())
     }
+}
+
+/// `getQueryResults` for one page, polling while the job is incomplete (until `deadline`).
+async fn poll_results<A: Api>(
+    bq: &BigQuery<A>,
+    job: &Job,
+    deadline: Instant,
+    page_token: Option<String>,
+    rows: u32,
+) -> Result<QueryResponse, PagesError> {
+    let mut pause = bq.timeouts.poll;
+    loop {
+        let params = results_params(job, rows, page_token.clone(), None);
+        let response = get_results(bq, job, params).await?;
+        if response.job_complete == Some(true) {
+            return Ok(response);
+        }
+        check_errors(response.errors.as_deref(), None)?;
+        if Instant::now() >= deadline {
+            return Err(PagesError::Request(format!(
+                "job {} did not complete within {:?}; raise --bigquery-job-timeout or make the query cheaper",
+                job.job_id, bq.timeouts.job
+            )));
+        }
+        tracing::debug!(job = %job.job_id, "The BigQuery job is still running.");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// `getQueryResults` parameters for `rows` rows from a page token or a row index.
+fn results_params(
+    job: &Job,
+    rows: u32,
+    page_token: Option<String>,
+    start_index: Option<u64>,
+) -> GetQueryResultsParameters {
+    GetQueryResultsParameters {
+        format_options: Some(int64_timestamps()),
+        location: job.location.clone(),
+        max_results: Some(i32::try_from(rows).unwrap_or(i32::MAX)),
+        page_token,
+        start_index: start_index.map(|i| i.to_string()),
+        timeout_ms: Some(SERVER_WAIT_MS),
+    }
+}
+
+/// One `getQueryResults` call with its timeout and retries.
+async fn get_results<A: Api>(
+    bq: &BigQuery<A>,
+    job: &Job,
+    params: GetQueryResultsParameters,
+) -> Result<QueryResponse, PagesError> {
+    let response = bq
+        .call("jobs.getQueryResults", || {
+            bq.api
+                .get_query_results(&bq.project, &job.job_id, params.clone())
+        })
+        .await?;
+    Ok(response.into())
+}
+
+/// The rows `start..end` of a complete job's result; a short answer (BigQuery's byte cap) is
+/// finished by further calls from where it stopped.
+async fn read_range<A: Api>(
+    bq: &BigQuery<A>,
+    job: Job,
+    start: u64,
+    end: u64,
+    page_size: u32,
+) -> Result<Vec<TableRow>, PagesError> {
+    let mut rows = Vec::with_capacity(usize::try_from(end - start).unwrap_or(0));
+    let mut at = start;
+    while at < end {
+        let want = u32::try_from(end - at).unwrap_or(u32::MAX).min(page_size);
+        let params = results_params(&job, want, None, Some(at));
+        let response = get_results(bq, &job, params).await?;
+        check_errors(response.errors.as_deref(), response.schema.as_ref())?;
+        if response.job_complete != Some(true) {
+            return Err(PagesError::Request(format!(
+                "job {} answered rows {at}.. as incomplete after it had completed",
+                job.job_id
+            )));
+        }
+        let mut got = response.rows.unwrap_or_default();
+        if got.is_empty() {
+            return Err(PagesError::Request(format!(
+                "job {} returned no rows at index {at} of a result it said has at least {end}; rerun the stream",
+                job.job_id
+            )));
+        }
+        got.truncate(usize::try_from(end - at).unwrap_or(usize::MAX));
+        at += got.len() as u64;
+        rows.append(&mut got);
+    }
+    Ok(rows)
 }
 
 /// Errors in a 200 answer fail the query when there is no usable result with them; otherwise
@@ -347,7 +547,8 @@ fn request(spec: &QuerySpec) -> QueryRequest {
     r.query_parameters = Some(spec.params.clone());
     r.location = spec.location.clone();
     r.maximum_bytes_billed = spec.maximum_bytes_billed.map(|b| b.to_string());
-    r.max_results = Some(i32::try_from(spec.page_size).unwrap_or(i32::MAX));
+    r.max_results =
+        Some(i32::try_from(spec.page_size.clamp(1, FIRST_PAGE_ROWS)).unwrap_or(i32::MAX));
     r.timeout_ms = Some(SERVER_WAIT_MS);
     r.format_options = Some(int64_timestamps());
     // Makes a retried jobs.query idempotent on BigQuery's side (≤ 36 ASCII characters).

@@ -1,7 +1,7 @@
 //! The paging loop against a scripted fake of the two REST calls.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use gcp_bigquery_client::model::get_query_results_response::GetQueryResultsResponse;
 use gcp_bigquery_client::model::job_reference::JobReference;
@@ -12,13 +12,13 @@ use serde_json::json;
 use super::*;
 
 /// Answers calls from a script, recording the page tokens it was asked for.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Fake {
-    query: Mutex<VecDeque<Result<QueryResponse, ApiError>>>,
-    results: Mutex<VecDeque<Result<GetQueryResultsResponse, ApiError>>>,
-    tokens_asked: Mutex<Vec<Option<String>>>,
-    results_params: Mutex<Vec<GetQueryResultsParameters>>,
-    requests: Mutex<Vec<QueryRequest>>,
+    query: Arc<Mutex<VecDeque<Result<QueryResponse, ApiError>>>>,
+    results: Arc<Mutex<VecDeque<Result<GetQueryResultsResponse, ApiError>>>>,
+    tokens_asked: Arc<Mutex<Vec<Option<String>>>>,
+    results_params: Arc<Mutex<Vec<GetQueryResultsParameters>>>,
+    requests: Arc<Mutex<Vec<QueryRequest>>>,
 }
 
 impl Api for Fake {
@@ -103,6 +103,8 @@ fn spec() -> QuerySpec {
         location: None,
         maximum_bytes_billed: None,
         page_size: 2,
+        page_bytes: 4 << 20,
+        parallel_reads: 4,
     }
 }
 
@@ -286,6 +288,7 @@ async fn the_query_carries_its_parameters_cost_guard_and_page_size() {
         location: Some("EU".into()),
         maximum_bytes_billed: Some(1_000_000),
         page_size: 250,
+        ..spec()
     };
     let mut pages = bq.open(&spec).await.expect("opens");
     while pages.next_page().await.expect("page").is_some() {}
@@ -306,5 +309,150 @@ async fn the_query_carries_its_parameters_cost_guard_and_page_size() {
     assert!(
         body["requestId"].as_str().is_some_and(|id| id.len() <= 36),
         "an idempotency id of at most 36 chars"
+    );
+}
+
+/// A result of `total` rows (ids 1..=total) answered like BigQuery: at most `maxResults` rows and
+/// at most `cap` rows per answer (its byte cap), `totalRows` always, from `startIndex` or a page
+/// token (a row offset here). Records each getQueryResults call's (startIndex, pageToken,
+/// maxResults).
+#[derive(Clone)]
+struct Ranges {
+    total: usize,
+    cap: usize,
+    asked: Arc<Mutex<Vec<Asked>>>,
+}
+
+/// What one getQueryResults call asked for: (startIndex, pageToken, maxResults).
+type Asked = (Option<String>, Option<String>, Option<i32>);
+
+impl Ranges {
+    fn new(total: usize, cap: usize) -> Self {
+        Self {
+            total,
+            cap,
+            asked: Arc::default(),
+        }
+    }
+
+    fn answer(&self, start: usize, max: Option<i32>) -> GetQueryResultsResponse {
+        let max = max.map_or(usize::MAX, |m| usize::try_from(m).expect("positive"));
+        let end = (start + max.min(self.cap)).min(self.total);
+        let ids: Vec<i64> = (start + 1..=end).map(|i| i as i64).collect();
+        let token = (end < self.total).then(|| end.to_string());
+        GetQueryResultsResponse {
+            total_rows: Some(self.total.to_string()),
+            ..complete(&ids, token.as_deref())
+        }
+    }
+}
+
+impl Api for Ranges {
+    async fn query(
+        &self,
+        _project: &str,
+        request: QueryRequest,
+    ) -> Result<QueryResponse, ApiError> {
+        Ok(self.answer(0, request.max_results).into())
+    }
+
+    async fn get_query_results(
+        &self,
+        _project: &str,
+        _job_id: &str,
+        params: GetQueryResultsParameters,
+    ) -> Result<GetQueryResultsResponse, ApiError> {
+        self.asked.lock().expect("lock").push((
+            params.start_index.clone(),
+            params.page_token.clone(),
+            params.max_results,
+        ));
+        let start = params
+            .start_index
+            .or(params.page_token)
+            .map_or(0, |i| i.parse().expect("a row offset"));
+        Ok(self.answer(start, params.max_results))
+    }
+}
+
+async fn read_all(bq: &BigQuery<Ranges>, spec: &QuerySpec) -> Vec<Vec<i64>> {
+    let mut pages = bq.open(spec).await.expect("opens");
+    let mut out = Vec::new();
+    while let Some(page) = pages.next_page().await.expect("page") {
+        out.push(
+            page.iter()
+                .map(|r| {
+                    r.columns.as_ref().expect("cells")[0]
+                        .value
+                        .as_ref()
+                        .and_then(|v| v.as_str())
+                        .expect("s")
+                        .parse()
+                        .expect("i64")
+                })
+                .collect(),
+        );
+    }
+    out
+}
+
+#[tokio::test]
+async fn row_ranges_read_in_parallel_come_back_in_order_and_short_answers_are_finished() {
+    let bq = BigQuery::new(Ranges::new(23, 3), "p", fast());
+    let spec = QuerySpec {
+        page_size: 5,
+        parallel_reads: 3,
+        ..spec()
+    };
+    let pages = read_all(&bq, &spec).await;
+    let rows: Vec<i64> = pages.iter().flatten().copied().collect();
+    assert_eq!(
+        rows,
+        (1..=23).collect::<Vec<_>>(),
+        "every row once, in order"
+    );
+    assert_eq!(
+        pages[0],
+        vec![1, 2, 3],
+        "the first page as jobs.query answered it"
+    );
+    assert!(
+        pages[1..]
+            .iter()
+            .all(|p| p.len() == 5 || p == &vec![19, 20, 21, 22, 23]),
+        "ranges of 5 rows, each finished after BigQuery cut it at 3: {pages:?}"
+    );
+    let asked = bq.api().asked.lock().expect("lock").clone();
+    assert!(
+        asked
+            .iter()
+            .all(|(start, token, _)| start.is_some() && token.is_none()),
+        "every page after the first is a row range, none follows a token: {asked:?}"
+    );
+}
+
+#[tokio::test]
+async fn pages_are_sized_by_the_bytes_of_the_rows_seen() {
+    let bq = BigQuery::new(Ranges::new(200, 1_000), "p", fast());
+    // A row here is about 18 bytes on the wire (`{"f":[{"v":"123"}]}`): ~10 rows per 180 bytes.
+    let spec = QuerySpec {
+        page_size: 50,
+        page_bytes: 180,
+        parallel_reads: 2,
+        ..spec()
+    };
+    let pages = read_all(&bq, &spec).await;
+    assert_eq!(pages.iter().map(Vec::len).sum::<usize>(), 200);
+    assert_eq!(
+        pages[0].len(),
+        50,
+        "the first page: at most --page-size rows"
+    );
+    let asked = bq.api().asked.lock().expect("lock").clone();
+    assert!(
+        asked
+            .iter()
+            .all(|(_, _, max)| max.is_some_and(|m| (8..=12).contains(&m))),
+        "later pages ask for about page_bytes / row bytes rows: {asked:?}"
     );
 }

@@ -52,7 +52,30 @@ pub struct Stream {
     pub fixed_attributes: BTreeMap<String, String>,
     /// What the message data is.
     pub payload: PayloadSpec,
+    /// What one PostgreSQL transaction holds: a page, or the whole run.
+    pub commit: Commit,
 }
+
+/// What one PostgreSQL transaction of a run holds (`commit = "page"` or `"run"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Commit {
+    /// Each page commits on its own (with the watermark at its last row): any run size, and a
+    /// crashed run keeps its committed pages; consumers may see part of a run first.
+    Page,
+    /// The whole run is one transaction (rows, dead letters, watermark, ledger): consumers see all
+    /// of a run or none of it. A run above either guard fails and enqueues nothing.
+    Run {
+        /// At most this many rows per run.
+        max_rows: u64,
+        /// At most this many payload bytes per run.
+        max_bytes: u64,
+    },
+}
+
+/// `max_run_rows` when `commit = "run"` does not say.
+pub const DEFAULT_MAX_RUN_ROWS: u64 = 100_000;
+/// `max_run_bytes` when `commit = "run"` does not say (256 MiB of payloads).
+pub const DEFAULT_MAX_RUN_BYTES: u64 = 256 << 20;
 
 /// The stream's cursor: an INT64 microseconds column and a unique tie-breaker.
 #[derive(Debug, Clone)]

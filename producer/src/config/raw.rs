@@ -6,7 +6,10 @@ use std::collections::BTreeMap;
 use outbox_shared::limits::{MAX_ATTRIBUTE_KEY_BYTES, MAX_ATTRIBUTE_VALUE_BYTES, MAX_ATTRIBUTES};
 use serde::Deserialize;
 
-use super::{CursorSpec, KeyType, LoadOptions, PayloadSpec, Stream, TopicSpec};
+use super::{
+    Commit, CursorSpec, DEFAULT_MAX_RUN_BYTES, DEFAULT_MAX_RUN_ROWS, KeyType, LoadOptions,
+    PayloadSpec, Stream, TopicSpec,
+};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -31,6 +34,9 @@ pub(super) struct RawStream {
     #[serde(default)]
     attributes: RawAttributes,
     payload: RawPayload,
+    commit: Option<String>,
+    max_run_rows: Option<i64>,
+    max_run_bytes: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -110,6 +116,7 @@ pub(super) fn validate(
             "list one or more columns that identify a row across reruns".into(),
         );
     }
+    let commit = commit_mode(&raw, &mut problem);
     let topic = match (raw.topic, raw.topic_column) {
         (Some(_), Some(_)) => {
             problem("topic", "set either topic or topic_column, not both".into());
@@ -157,6 +164,44 @@ pub(super) fn validate(
         attribute_columns: raw.attributes.columns,
         fixed_attributes: raw.attributes.fixed,
         payload,
+        commit,
+    }
+}
+
+fn commit_mode(raw: &RawStream, problem: &mut impl FnMut(&str, String)) -> Commit {
+    let mut guard = |field: &str, value: Option<i64>, default: u64| match value {
+        None => default,
+        Some(v) if v > 0 => v.unsigned_abs(),
+        Some(_) => {
+            problem(field, "must be a positive number".into());
+            default
+        }
+    };
+    let max_rows = guard("max_run_rows", raw.max_run_rows, DEFAULT_MAX_RUN_ROWS);
+    let max_bytes = guard("max_run_bytes", raw.max_run_bytes, DEFAULT_MAX_RUN_BYTES);
+    match raw.commit.as_deref() {
+        None | Some("page") => {
+            if raw.max_run_rows.is_some() || raw.max_run_bytes.is_some() {
+                problem(
+                    "commit",
+                    "max_run_rows and max_run_bytes apply only with commit = \"run\"".into(),
+                );
+            }
+            Commit::Page
+        }
+        Some("run") => Commit::Run {
+            max_rows,
+            max_bytes,
+        },
+        Some(other) => {
+            problem(
+                "commit",
+                format!(
+                    "{other:?} is not \"page\" (each page commits) or \"run\" (one transaction per run)"
+                ),
+            );
+            Commit::Page
+        }
     }
 }
 

@@ -29,6 +29,7 @@ fn stream() -> Stream {
         attribute_columns: BTreeMap::from([("status".into(), "status".into())]),
         fixed_attributes: BTreeMap::from([("source".into(), "bq".into())]),
         payload: PayloadSpec::Columns(vec!["id".into(), "status".into(), "amount".into()]),
+        commit: crate::config::Commit::Page,
     }
 }
 

@@ -16,6 +16,7 @@ mod poison;
 mod pooler;
 mod producer;
 mod producer_ops;
+mod producer_pages;
 mod recovery;
 mod services;
 mod sidecar;

@@ -12,7 +12,7 @@ use gcp_bigquery_client::model::field_type::FieldType;
 use gcp_bigquery_client::model::query_request::QueryRequest;
 use gcp_bigquery_client::model::query_response::ResultSet;
 use gcp_bigquery_client::model::table_field_schema::TableFieldSchema;
-use harness::bigquery::{FailAfterPages, TestTable};
+use harness::bigquery::{FailFromRow, TestTable};
 use harness::db::TestDb;
 use harness::env;
 use harness::http_faults::{Fault, HttpFaults};
@@ -329,11 +329,11 @@ async fn a_crash_between_chunks_then_a_rerun_leaves_each_source_row_in_the_outbo
         .insert(&(1..=10).map(|i| order(i, i / 4)).collect::<Vec<_>>())
         .await;
 
-    // The BigQuery API fails after serving two pages of 3: the run stops right after committing
-    // two chunks, as a crash would.
+    // The BigQuery API fails from row 6 on (the third page of 3): the run stops right after
+    // committing two chunks, as a crash would, although it reads pages ahead.
     let streams = select_streams(&config, &settings(3)).expect("streams selected");
     let crashing = BigQuery::new(
-        FailAfterPages::new(table.api.clone(), 2),
+        FailFromRow::new(table.api.clone(), 6),
         env::bigquery_project(),
         Timeouts::default(),
     );
@@ -350,7 +350,7 @@ async fn a_crash_between_chunks_then_a_rerun_leaves_each_source_row_in_the_outbo
         .as_ref()
         .expect_err("the run fails");
     assert!(
-        matches!(&err.kind, ErrorKind::Query(m) if m.contains("injected failure after 2 page(s)")),
+        matches!(&err.kind, ErrorKind::Query(m) if m.contains("injected failure from row 6")),
         "the run fails on the injected failure after two chunks: {err}"
     );
     assert_eq!(report.exit_code(), 1, "a failed stream makes the job fail");

@@ -19,6 +19,8 @@
 //! - `peer`: side by side on the same server, interleaved: our DB-only drain (the dispatcher's
 //!   lock protocol), a naive one-row-per-transaction loop and Graphile Worker (npm, run from
 //!   `tests/bench/graphile/drain.js`; `npm ci --prefix tests/bench/graphile` first); ratios per round.
+//! - `producer`: the real `producer` binary against a BigQuery stand-in with a delay per call
+//!   and a transfer rate, beside fetching alone and enqueueing alone (module `producer`).
 //! - `enqueue`: `enqueue_batch` (`INSERT … SELECT FROM UNNEST`) against binary COPY of the same
 //!   rows, one stream, with the COPY encoding verified by reading rows back.
 //!
@@ -35,6 +37,7 @@ mod enqueue;
 mod inbox;
 mod peer;
 mod pipeline;
+mod producer;
 mod report;
 mod scratch;
 mod soak;
@@ -95,6 +98,9 @@ enum Command {
     Peer(peer::PeerArgs),
     /// enqueue_batch (INSERT … SELECT FROM UNNEST) against binary COPY of the same rows.
     Enqueue(enqueue::EnqueueArgs),
+    /// The real producer binary against a BigQuery stand-in (delay per call, transfer rate),
+    /// with fetching alone (its dry run) and enqueueing alone in the same rounds.
+    Producer(producer::ProducerArgs),
 }
 
 #[tokio::main]
@@ -122,7 +128,7 @@ async fn run(cli: Cli) -> Result<()> {
         | Command::Resources(_)
         | Command::Soak(_) => 4,
         Command::Peer(a) => a.workers,
-        Command::Enqueue(_) => 1,
+        Command::Enqueue(_) | Command::Producer(_) => 1,
     };
     println!("load average at start: {}", load_average());
     let db = Scratch::create(&cli.database_url, workers.max(1)).await?;
@@ -147,6 +153,7 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Soak(a) => interruptible(soak::soak_bench(&db, a)).await,
         Command::Peer(a) => interruptible(peer::peer_bench(&db, a)).await,
         Command::Enqueue(a) => interruptible(enqueue::enqueue_bench(&db, a)).await,
+        Command::Producer(a) => interruptible(producer::producer_bench(&db, a)).await,
     };
     db.pool.close().await;
     // Dropping the scratch database removes it.

@@ -1,0 +1,396 @@
+//! `outbox-bench producer`: the real `producer` binary against a BigQuery stand-in
+//! ([`harness::bigquery_standin`]: real wire shapes, a delay per call, a transfer rate), measured
+//! in the same rounds as its two bounds:
+//! - **fetch alone**: the same binary's `run --dry-run` (reads and maps every page, writes
+//!   nothing; one extra call for BigQuery's byte estimate);
+//! - **enqueue alone**: the same rows as the producer enqueues them (payload, dedupe key,
+//!   ordering key), through `enqueue_batch` on one connection, `--enqueue-rows` per transaction.
+//!
+//! Every producer run must leave each row in the outbox exactly once and the watermark at the last
+//! row; the figures are rows/s, the producer's ratio to min(fetch, enqueue), and its peak RSS.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use harness::bigquery_standin::{StandIn, Table, Wire};
+use outbox_shared::{NewMessage, enqueue_batch};
+use tokio::process::Command;
+
+use crate::binary;
+use crate::report::{parse_duration, summary};
+use crate::scratch::Scratch;
+
+/// A producer binary to measure: `after=target/release/producer`.
+#[derive(Debug, Clone)]
+pub struct ProducerBin {
+    label: String,
+    path: PathBuf,
+}
+
+impl std::str::FromStr for ProducerBin {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (label, path) = s.split_once('=').unwrap_or(("producer", s));
+        let path = PathBuf::from(path);
+        if !path.is_file() {
+            return Err(format!(
+                "{} is not a file: build it first (cargo build --release -p pubsub-outbox-producer)",
+                path.display()
+            ));
+        }
+        Ok(Self {
+            label: label.to_owned(),
+            path,
+        })
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ProducerArgs {
+    /// Rows in the BigQuery table (one run reads them all).
+    #[arg(long, default_value_t = 200_000)]
+    rows: usize,
+    /// Delay added to every BigQuery call, comma-separated: one table per value.
+    #[arg(long, value_delimiter = ',', default_value = "0ms,150ms", value_parser = parse_duration)]
+    latency: Vec<Duration>,
+    /// Transfer rate of BigQuery's answers, bytes per second (0: loopback speed).
+    #[arg(long, default_value_t = 50 << 20)]
+    bytes_per_second: u64,
+    /// Interleaved rounds (every contender and bound once per round).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Distinct ordering keys (customer ids).
+    #[arg(long, default_value_t = 10_000)]
+    customers: usize,
+    /// Bytes of the JSON document column per row.
+    #[arg(long, default_value_t = 500)]
+    body_bytes: usize,
+    /// Producer binaries, `label=path` (repeat; default: the producer beside this bench).
+    #[arg(long = "producer-bin")]
+    producers: Vec<ProducerBin>,
+    /// Rows per transaction of the enqueue-alone bound (default: what a 4 MiB page holds).
+    #[arg(long)]
+    enqueue_rows: Option<usize>,
+}
+
+/// One leg's measurement.
+#[derive(Debug, Clone, Copy)]
+struct Leg {
+    rows_per_second: f64,
+    peak_rss_mib: f64,
+    calls: u64,
+    /// CPU per row, µs: the producer, PostgreSQL, the stand-in (this process).
+    cpu_us: [f64; 3],
+}
+
+pub async fn producer_bench(db: &Scratch, args: &ProducerArgs) -> Result<()> {
+    let producers = if args.producers.is_empty() {
+        vec![beside_the_bench()?]
+    } else {
+        args.producers.clone()
+    };
+    let table = Arc::new(Table::generate(args.rows, args.customers, args.body_bytes));
+    let row_bytes = table.row_bytes();
+    let enqueue_rows = args
+        .enqueue_rows
+        .unwrap_or(((4 << 20) / row_bytes.max(1)).clamp(1, 50_000));
+    let messages = messages(&table);
+    let config =
+        std::env::temp_dir().join(format!("outbox-bench-streams-{}.toml", std::process::id()));
+    std::fs::write(&config, STREAMS).context("writing the bench's streams file")?;
+    println!(
+        "producer bench: {} rows of {row_bytes} bytes on the wire ({} customers), {} rounds, answers at {} MiB/s; enqueue alone: {enqueue_rows} rows per transaction",
+        args.rows,
+        args.customers,
+        args.rounds,
+        args.bytes_per_second >> 20
+    );
+    for &delay in &args.latency {
+        let wire = Wire {
+            delay,
+            bytes_per_second: Some(args.bytes_per_second).filter(|r| *r > 0),
+        };
+        let standin = StandIn::start(Arc::clone(&table), wire)
+            .await
+            .context("starting the BigQuery stand-in")?;
+        let mut runs: Vec<(String, Leg, Leg)> = Vec::new();
+        let mut enqueues = Vec::new();
+        for round in 1..=args.rounds {
+            for p in &producers {
+                let run = producer_leg(db, &standin, &p.path, &config, &table, false).await?;
+                let fetch = producer_leg(db, &standin, &p.path, &config, &table, true).await?;
+                println!(
+                    "  {delay:?} round {round} {}: producer {:.0} rows/s ({} calls, {:.0} MiB peak, CPU per row {:.1} / {:.1} / {:.1} µs producer / PostgreSQL / stand-in), fetch alone {:.0} rows/s ({:.1} µs producer CPU per row)",
+                    p.label,
+                    run.rows_per_second,
+                    run.calls,
+                    run.peak_rss_mib,
+                    run.cpu_us[0],
+                    run.cpu_us[1],
+                    run.cpu_us[2],
+                    fetch.rows_per_second,
+                    fetch.cpu_us[0]
+                );
+                runs.push((p.label.clone(), run, fetch));
+            }
+            let rate = enqueue_leg(db, &messages, enqueue_rows).await?;
+            println!("  {delay:?} round {round}: enqueue alone {rate:.0} rows/s");
+            enqueues.push(rate);
+        }
+        print_table(delay, &producers, &runs, &enqueues);
+    }
+    let _ = std::fs::remove_file(&config);
+    Ok(())
+}
+
+fn print_table(
+    delay: Duration,
+    producers: &[ProducerBin],
+    runs: &[(String, Leg, Leg)],
+    enqueues: &[f64],
+) {
+    let enqueue = summary(enqueues.iter().copied());
+    println!();
+    println!(
+        "BigQuery latency per call: {delay:?}; enqueue alone {:.1} k rows/s ({:.1}-{:.1})",
+        enqueue.median / 1e3,
+        enqueue.min / 1e3,
+        enqueue.max / 1e3
+    );
+    println!(
+        "| producer | rows/s (median, min-max) | fetch alone rows/s | producer / min(fetch, enqueue) | calls per run | peak RSS | CPU per row: producer / PostgreSQL µs |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for p in producers {
+        let mine: Vec<&(String, Leg, Leg)> = runs.iter().filter(|r| r.0 == p.label).collect();
+        let run = summary(mine.iter().map(|r| r.1.rows_per_second));
+        let fetch = summary(mine.iter().map(|r| r.2.rows_per_second));
+        // Per round: the producer against the lesser bound of the same round.
+        let ratios = summary(
+            mine.iter()
+                .zip(enqueues)
+                .map(|(r, e)| r.1.rows_per_second / r.2.rows_per_second.min(*e)),
+        );
+        let rss = mine.iter().map(|r| r.1.peak_rss_mib).fold(0.0, f64::max);
+        let calls = mine.first().map_or(0, |r| r.1.calls);
+        let own = summary(mine.iter().map(|r| r.1.cpu_us[0])).median;
+        let pg = summary(mine.iter().map(|r| r.1.cpu_us[1])).median;
+        println!(
+            "| {} | {:.1} k ({:.1}-{:.1}) | {:.1} k | **{:.2}** ({:.2}-{:.2}) | {calls} | {rss:.0} MiB | {own:.1} / {pg:.1} |",
+            p.label,
+            run.median / 1e3,
+            run.min / 1e3,
+            run.max / 1e3,
+            fetch.median / 1e3,
+            ratios.median,
+            ratios.min,
+            ratios.max
+        );
+    }
+    println!();
+}
+
+/// The streams file the producer runs: the stand-in's table, keyed by customer.
+const STREAMS: &str = r#"
+[[stream]]
+name = "bench"
+query = "SELECT id, ts_micros, updated_at, customer_id, amount, body FROM bench.orders WHERE (ts_micros, id) > (@watermark_ts, @watermark_key) ORDER BY ts_micros, id"
+dedupe_key = ["id"]
+topic = "projects/bench-project/topics/orders"
+ordering_key_column = "customer_id"
+
+[stream.cursor]
+timestamp_column = "ts_micros"
+key_column = "id"
+key_type = "INT64"
+
+[stream.payload]
+columns = ["id", "updated_at", "customer_id", "amount", "body"]
+"#;
+
+fn beside_the_bench() -> Result<ProducerBin> {
+    let exe = std::env::current_exe().context("locating outbox-bench")?;
+    let path = exe
+        .parent()
+        .map(|d| d.join("producer"))
+        .context("outbox-bench has no parent directory")?;
+    if !path.is_file() {
+        bail!(
+            "{} is missing: build the producer in the bench's profile, or pass --producer-bin",
+            path.display()
+        );
+    }
+    Ok(ProducerBin {
+        label: "producer".into(),
+        path,
+    })
+}
+
+/// Empties the outbox and the producer's tables (a fresh stream each leg).
+async fn reset(db: &Scratch) -> Result<()> {
+    for sql in [
+        "TRUNCATE pubsub_outbox, pubsub_outbox_dead_letter, producer_watermark, producer_run,
+                  producer_lookback_key",
+        "VACUUM ANALYZE pubsub_outbox",
+    ] {
+        sqlx::raw_sql(sql)
+            .execute(&db.db.pool)
+            .await
+            .context("emptying the outbox and the producer's tables")?;
+    }
+    Ok(())
+}
+
+/// One `producer run` (or `run --dry-run`) over the whole table: rows/s, peak RSS, calls.
+async fn producer_leg(
+    db: &Scratch,
+    standin: &StandIn,
+    binary: &Path,
+    config: &Path,
+    table: &Table,
+    dry_run: bool,
+) -> Result<Leg> {
+    reset(db).await?;
+    let calls_before = standin.calls();
+    let mut cmd = Command::new(binary);
+    cmd.arg("run").arg("--config").arg(config);
+    if dry_run {
+        cmd.args(["--dry-run", "--dry-run-sample", "1"]);
+    }
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("DATABASE_URL", db.db.url())
+        .env("BIGQUERY_PROJECT_ID", "bench-project")
+        .env("BIGQUERY_EMULATOR_HOST", standin.url())
+        .env("OUTBOX_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let started = Instant::now();
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("starting {}", binary.display()))?;
+    let pid = child.id().context("the producer has no pid")?;
+    let mut peak = 0.0f64;
+    // Sampled while it runs: its own CPU and its backend's are gone once it exits.
+    let cpu = || {
+        [
+            binary::cpu_seconds(pid),
+            binary::service_cpu_seconds().0,
+            binary::cpu_seconds(std::process::id()),
+        ]
+    };
+    let at_start = cpu();
+    let mut last = at_start;
+    let status = loop {
+        peak = peak.max(peak_rss_mib(pid));
+        let now = cpu();
+        if now[0] > 0.0 {
+            last = now;
+        }
+        match tokio::time::timeout(Duration::from_millis(50), child.wait()).await {
+            Ok(status) => break status?,
+            Err(_) => continue,
+        }
+    };
+    let elapsed = started.elapsed();
+    let stderr = match child.stderr.take() {
+        Some(mut e) => {
+            let mut s = String::new();
+            tokio::io::AsyncReadExt::read_to_string(&mut e, &mut s).await?;
+            s
+        }
+        None => String::new(),
+    };
+    ensure!(
+        status.success(),
+        "{} exited with {status}: {stderr}",
+        binary.display()
+    );
+    if !dry_run {
+        check_exactly_once(db, table).await?;
+    }
+    Ok(Leg {
+        rows_per_second: table.len() as f64 / elapsed.as_secs_f64(),
+        peak_rss_mib: peak,
+        calls: standin.calls() - calls_before,
+        cpu_us: [0, 1, 2]
+            .map(|i| (last[i] - if i == 0 { 0.0 } else { at_start[i] }) * 1e6 / table.len() as f64),
+    })
+}
+
+/// Every row once, the watermark at the last row.
+async fn check_exactly_once(db: &Scratch, table: &Table) -> Result<()> {
+    let (rows, distinct): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(DISTINCT dedupe_key) FROM pubsub_outbox")
+            .fetch_one(&db.db.pool)
+            .await?;
+    ensure!(
+        rows == table.len() as i64 && distinct == rows,
+        "the producer left {rows} rows ({distinct} distinct) for {} source rows",
+        table.len()
+    );
+    let (ts, key): (i64, String) = sqlx::query_as(
+        "SELECT cursor_micros, cursor_key FROM producer_watermark WHERE stream = 'bench'",
+    )
+    .fetch_one(&db.db.pool)
+    .await
+    .context("reading the bench stream's watermark")?;
+    let last = table.last_cursor().unwrap_or_default();
+    ensure!(
+        (ts, key.as_str()) == (last.0, last.1.to_string().as_str()),
+        "the watermark is at ({ts}, {key}), not at the last row {last:?}"
+    );
+    Ok(())
+}
+
+/// The rows as the producer enqueues them (payload: the JSON object of the payload columns).
+fn messages(table: &Table) -> Vec<NewMessage> {
+    (0..table.len())
+        .filter_map(|i| table.cells(i))
+        .map(|c| {
+            let payload = serde_json::json!({
+                "id": c[0].parse::<i64>().unwrap_or_default(),
+                "updated_at": c[2],
+                "customer_id": c[3],
+                "amount": c[4],
+                "body": c[5],
+            });
+            NewMessage {
+                topic: "projects/bench-project/topics/orders".into(),
+                ordering_key: Some(c[3].clone()),
+                dedupe_key: format!("bench:{}", c[0]),
+                payload: payload.to_string().into_bytes(),
+                attributes: Default::default(),
+            }
+        })
+        .collect()
+}
+
+/// `enqueue_batch` alone: the same rows, `per_tx` per transaction, one connection.
+async fn enqueue_leg(db: &Scratch, messages: &[NewMessage], per_tx: usize) -> Result<f64> {
+    reset(db).await?;
+    let mut conn = db.db.pool.acquire().await?;
+    let started = Instant::now();
+    for chunk in messages.chunks(per_tx.max(1)) {
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        enqueue_batch(&mut tx, chunk).await?;
+        tx.commit().await.context("committing an enqueue")?;
+    }
+    Ok(messages.len() as f64 / started.elapsed().as_secs_f64())
+}
+
+/// The process's peak resident memory so far (VmHWM), in MiB; 0 once it is gone.
+fn peak_rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
