@@ -226,6 +226,23 @@ impl Written {
     }
 }
 
+/// Consecutive rows of a page that are all enqueued, or all dead-lettered.
+enum Segment {
+    Accepted(Vec<NewMessage>),
+    Rejected(Vec<Rejection>),
+}
+
+/// What [`Run::write_in_order`] wrote.
+#[derive(Debug, Default)]
+struct InOrder {
+    enqueued: u64,
+    /// Accepted rows whose dedupe key the outbox already had.
+    duplicates: u64,
+    /// Rejected rows offered, and those newly dead-lettered (the rest were already).
+    rejected: u64,
+    dead_lettered: u64,
+}
+
 /// Pages read ahead of the one committing (besides the reads in flight).
 const READ_AHEAD: usize = 1;
 
@@ -379,26 +396,27 @@ impl Run<'_> {
         } else {
             vec![true; page.len()]
         };
-        let (mut accepted, mut rejected) = (Vec::new(), Vec::new());
         let mut seen_before = 0u64;
         let mut payload_bytes = 0u64;
+        let mut segments: Vec<Segment> = Vec::new();
         for (mapped, new) in page.into_iter().zip(remembered) {
             match (new, mapped.outcome) {
                 (false, _) => seen_before += 1,
                 (true, Ok(m)) => {
                     payload_bytes += m.payload.len() as u64;
-                    accepted.push(m);
+                    match segments.last_mut() {
+                        Some(Segment::Accepted(run)) => run.push(m),
+                        _ => segments.push(Segment::Accepted(vec![m])),
+                    }
                 }
-                (true, Err(r)) => rejected.push(r),
+                (true, Err(r)) => match segments.last_mut() {
+                    Some(Segment::Rejected(run)) => run.push(r),
+                    _ => segments.push(Segment::Rejected(vec![r])),
+                },
             }
         }
-        let enqueued = outbox::enqueue_batch(&mut *tx, &accepted)
-            .await
-            .in_stream(name)?;
-        let dead_lettered =
-            dead_letter::insert_rejected(&mut *tx, &format!("producer:{name}"), &rejected)
-                .await
-                .in_stream(name)?;
+        let written = self.write_in_order(tx, &segments).await?;
+        let (enqueued, dead_lettered) = (written.enqueued, written.dead_lettered);
         // The watermark only moves forward (a lookback's early pages re-read older rows).
         let high = self.high.as_ref();
         let advance = high.is_none_or(|high| last > high);
@@ -411,25 +429,56 @@ impl Run<'_> {
                 tracing::warn!(stream = name, stored = ?stored, wanted = ?cursor, "The stored watermark is ahead of this run; kept it.");
             }
         }
-        let already_rejected = rejected.len() as u64 - dead_lettered + seen_before;
+        let already_rejected = written.rejected - dead_lettered + seen_before;
         let counts = Counts {
             fetched: fetched as i64,
-            enqueued: enqueued.inserted as i64,
-            duplicates: (enqueued.duplicates + already_rejected) as i64,
+            enqueued: enqueued as i64,
+            duplicates: (written.duplicates + already_rejected) as i64,
             rejected: dead_lettered as i64,
         };
         run_ledger::record_chunk(&mut *tx, run_id, counts, to.as_ref())
             .await
             .in_stream(name)?;
-        tracing::debug!(stream = name, batch.size = fetched, enqueued = enqueued.inserted, rejected = dead_lettered, watermark = %last, "Chunk written.");
+        tracing::debug!(stream = name, batch.size = fetched, enqueued, rejected = dead_lettered, watermark = %last, "Chunk written.");
         Ok(Written {
             fetched,
-            enqueued: enqueued.inserted,
-            duplicates: enqueued.duplicates + already_rejected,
+            enqueued,
+            duplicates: written.duplicates + already_rejected,
             rejected: dead_lettered,
             payload_bytes,
             advanced: advance.then(|| last.clone()),
         })
+    }
+
+    /// Writes a page's rows in their cursor order: each run of accepted rows enqueued, each run
+    /// of rejected rows dead-lettered in between, so a rejected row takes its id from the outbox's
+    /// sequence at its own place (a page without rejections is one statement).
+    async fn write_in_order(
+        &self,
+        tx: &mut PgConnection,
+        segments: &[Segment],
+    ) -> Result<InOrder, StreamError> {
+        let name = self.stream.name.as_str();
+        let source = format!("producer:{name}");
+        let mut written = InOrder::default();
+        for segment in segments {
+            match segment {
+                Segment::Accepted(rows) => {
+                    let e = outbox::enqueue_batch(&mut *tx, rows)
+                        .await
+                        .in_stream(name)?;
+                    written.enqueued += e.inserted;
+                    written.duplicates += e.duplicates;
+                }
+                Segment::Rejected(rows) => {
+                    written.rejected += rows.len() as u64;
+                    written.dead_lettered += dead_letter::insert_rejected(&mut *tx, &source, rows)
+                        .await
+                        .in_stream(name)?;
+                }
+            }
+        }
+        Ok(written)
     }
 }
 

@@ -216,19 +216,27 @@ pub async fn claim_ordered(
                  LIMIT 1) nx
              WHERE h.n < $3
          ),
-         picked AS MATERIALIZED (
-             SELECT h.id, h.topic, h.ordering_key, h.n
+         -- A dead letter holds back the rows of its key after its own place (its outbox id;
+         -- none: all of them), unless its topic skips dead letters: `stop`, the key's first
+         -- dead-letter position, is where the key's claimable rows end.
+         stops AS (
+             SELECT h.id, h.topic, h.ordering_key, h.n,
+                    CASE WHEN h.topic = ANY($6) THEN NULL ELSE (
+                        SELECT min(COALESCE(d.outbox_id, 0)) FROM pubsub_outbox_dead_letter d
+                        WHERE d.topic = h.topic AND d.ordering_key = h.ordering_key) END AS stop
              FROM heads h
+             WHERE h.due <= $4
+               AND ($5::text[] IS NULL OR h.topic = ANY($5))
+               AND NOT (h.topic = ANY(ARRAY(SELECT p.topic FROM pubsub_outbox_paused_topic p)))
+         ),
+         picked AS MATERIALIZED (
+             SELECT h.id, h.topic, h.ordering_key, h.n, h.stop
+             FROM stops h
              CROSS JOIN LATERAL (
                  SELECT o.id FROM pubsub_outbox o
                  WHERE o.id = h.id AND o.published_at IS NULL AND o.next_attempt_at <= $4
                  FOR UPDATE OF o SKIP LOCKED) head
-             WHERE h.due <= $4
-               AND ($5::text[] IS NULL OR h.topic = ANY($5))
-               AND NOT (h.topic = ANY(ARRAY(SELECT p.topic FROM pubsub_outbox_paused_topic p)))
-               AND (h.topic = ANY($6) OR NOT EXISTS (
-                    SELECT 1 FROM pubsub_outbox_dead_letter d
-                    WHERE d.topic = h.topic AND d.ordering_key = h.ordering_key))
+             WHERE h.stop IS NULL OR h.id < h.stop
              LIMIT $8
          ),
          share AS (SELECT GREATEST(1, $7 / GREATEST(1, (SELECT count(*) FROM picked)))::bigint AS per_key),
@@ -246,6 +254,7 @@ pub async fn claim_ordered(
                  ORDER BY o.topic, o.ordering_key, o.id
                  LIMIT (SELECT per_key + 1 FROM share)) r
              WHERE r.topic = p.topic AND r.ordering_key = p.ordering_key
+               AND (p.stop IS NULL OR r.id < p.stop)
          ),
          claimed AS (
              SELECT o.id, o.topic, o.ordering_key, o.dedupe_key, o.payload, o.attributes,

@@ -105,8 +105,11 @@ pub struct Rejection {
     pub reason: String,
 }
 
-/// Records messages a writer refused before enqueue. A dedupe key already dead-lettered is skipped
-/// (a producer lookback re-reading the same row adds nothing). Returns rows inserted.
+/// Records messages a writer refused before enqueue, each with an id from the outbox's sequence
+/// in the order given (`outbox_id`): its place in its key's order, so it holds back only the rows
+/// enqueued after it, and a replay puts it back there. Call it between the enqueues of the rows
+/// before and after it. A dedupe key already dead-lettered is skipped (a producer lookback
+/// re-reading the same row adds nothing). Returns rows inserted.
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn insert_rejected(
     conn: &mut PgConnection,
@@ -136,11 +139,13 @@ pub async fn insert_rejected(
     let reasons: Vec<&str> = rejected.iter().map(|r| r.reason.as_str()).collect();
     let r = sqlx::query(
         "INSERT INTO pubsub_outbox_dead_letter
-             (topic, ordering_key, dedupe_key, payload, attributes, created_at, attempts, error_kind,
-              last_error, source)
-         SELECT t, k, d, p, a::jsonb, now(), 0, 'rejected', e, $7
+             (outbox_id, topic, ordering_key, dedupe_key, payload, attributes, created_at, attempts,
+              error_kind, last_error, source)
+         SELECT nextval(pg_get_serial_sequence('pubsub_outbox', 'id')), t, k, d, p, a::jsonb,
+                now(), 0, 'rejected', e, $7
          FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[])
-              AS r(t, k, d, p, a, e)
+              WITH ORDINALITY AS r(t, k, d, p, a, e, n)
+         ORDER BY n
          ON CONFLICT (dedupe_key) DO NOTHING",
     )
     .persistent(crate::store::named_statements())

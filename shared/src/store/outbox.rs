@@ -310,21 +310,24 @@ pub async fn backlog_by_topic(
     conn: &mut PgConnection,
     q: &BacklogQuery<'_>,
 ) -> Result<Vec<TopicBacklog>> {
-    // Blocked keys come from a hashed subplan over the dead letters (few rows), not a probe per
-    // outbox row.
+    // A row is held back by a dead letter of its key placed before it (`stop`: the key's first
+    // dead-letter position, none: all of it). The stops come from one pass over the dead letters
+    // (few rows), hash-joined, not a probe per outbox row.
     let rows: Vec<(String, i64, Option<f64>, Option<f64>)> = sqlx::query_as(
-        "SELECT topic, count(*),
-                EXTRACT(EPOCH FROM ($1 - min(created_at) FILTER (WHERE next_attempt_at <= $1)))::float8,
-                EXTRACT(EPOCH FROM ($1 - min(created_at) FILTER (
-                    WHERE next_attempt_at <= $1 AND NOT (topic = ANY($4))
-                      AND (ordering_key IS NULL OR topic = ANY($5)
-                           OR (topic, ordering_key) NOT IN (
-                               SELECT d.topic, d.ordering_key FROM pubsub_outbox_dead_letter d
-                               WHERE d.ordering_key IS NOT NULL)))))::float8
-         FROM (SELECT topic, ordering_key, created_at, next_attempt_at FROM pubsub_outbox
+        "SELECT s.topic, count(*),
+                EXTRACT(EPOCH FROM ($1 - min(s.created_at) FILTER (WHERE s.next_attempt_at <= $1)))::float8,
+                EXTRACT(EPOCH FROM ($1 - min(s.created_at) FILTER (
+                    WHERE s.next_attempt_at <= $1 AND NOT (s.topic = ANY($4))
+                      AND (s.ordering_key IS NULL OR s.topic = ANY($5)
+                           OR b.stop IS NULL OR s.id < b.stop))))::float8
+         FROM (SELECT id, topic, ordering_key, created_at, next_attempt_at FROM pubsub_outbox
                WHERE published_at IS NULL AND ($2::text[] IS NULL OR topic = ANY($2))
                LIMIT $3) s
-         GROUP BY topic",
+         LEFT JOIN (SELECT d.topic, d.ordering_key, min(COALESCE(d.outbox_id, 0)) AS stop
+                    FROM pubsub_outbox_dead_letter d WHERE d.ordering_key IS NOT NULL
+                    GROUP BY d.topic, d.ordering_key) b
+                ON b.topic = s.topic AND b.ordering_key = s.ordering_key
+         GROUP BY s.topic",
     )
     .persistent(crate::store::named_statements())
     .bind(q.now)

@@ -51,7 +51,8 @@ pub async fn topics(
              SELECT o.topic, o.next_attempt_at, o.created_at,
                     o.ordering_key IS NOT NULL AND NOT (o.topic = ANY($2)) AND EXISTS (
                         SELECT 1 FROM pubsub_outbox_dead_letter d
-                        WHERE d.topic = o.topic AND d.ordering_key = o.ordering_key) AS blocked
+                        WHERE d.topic = o.topic AND d.ordering_key = o.ordering_key
+                          AND COALESCE(d.outbox_id, 0) < o.id) AS blocked
              FROM pubsub_outbox o WHERE o.published_at IS NULL
          ), q AS (
              SELECT topic,
@@ -120,7 +121,8 @@ pub async fn blocked_keys(
         "SELECT d.topic, d.ordering_key, min(d.id) AS dead_letter_id,
                 (SELECT count(*) FROM pubsub_outbox o
                  WHERE o.topic = d.topic AND o.ordering_key = d.ordering_key
-                   AND o.published_at IS NULL) AS waiting
+                   AND o.published_at IS NULL
+                   AND o.id > min(COALESCE(d.outbox_id, 0))) AS waiting
          FROM pubsub_outbox_dead_letter d
          WHERE d.ordering_key IS NOT NULL AND NOT (d.topic = ANY($1))
          GROUP BY d.topic, d.ordering_key

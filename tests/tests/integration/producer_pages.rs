@@ -1,14 +1,19 @@
 //! The producer's read pipeline and commit modes (issue #23), against bqemulator and PostgreSQL:
 //! pages read ahead and in parallel (`startIndex` ranges) commit strictly in order; a failure
-//! between overlapped pages loses and duplicates nothing; `commit = "run"` is all or nothing.
+//! between overlapped pages loses and duplicates nothing; `commit = "run"` is all or nothing; a
+//! rejected row keeps its place in its key's order, through the real dispatcher.
+
+use std::time::Duration;
 
 use harness::bigquery::{FailFromRow, TestTable};
 use harness::db::TestDb;
+use harness::dispatcher::{self as test_dispatcher, drain, real_publisher};
 use harness::env;
+use harness::pubsub::TestTopic;
 use outbox_producer::bigquery::{BigQuery, Timeouts};
 use outbox_producer::{ErrorKind, Settings, run_job, select_streams};
 use outbox_runtime::shutdown::Shutdown;
-use outbox_shared::store::run_ledger;
+use outbox_shared::store::{dead_letter, run_ledger};
 
 use crate::producer::{
     keys, load, order, orders_schema, orders_toml, outbox_keys, run_all, settings,
@@ -236,4 +241,109 @@ async fn a_run_above_its_size_guard_fails_with_the_fix_and_enqueues_nothing() {
     );
     assert!(outbox_keys(&db).await.is_empty());
     assert_eq!(stored_watermark(&db, "guarded").await, None);
+}
+
+#[tokio::test]
+async fn a_row_the_producer_rejects_holds_back_only_the_later_rows_of_its_key_and_replays_into_its_place()
+ {
+    let db = TestDb::new().await;
+    let topic = TestTopic::new(true).await;
+    let table = TestTable::create(orders_schema()).await;
+    table
+        .insert(&(1..=8).map(|i| order(i, i)).collect::<Vec<_>>())
+        .await;
+    // One key for every row; row 4's payload (10.5 MB) can never be published.
+    let toml = format!(
+        r#"[[stream]]
+name = "place"
+query = '''SELECT id, UNIX_MICROS(updated_at) AS updated_at_micros, 'one' AS customer,
+                  IF(id = 4, REPEAT('x', 10500000), status) AS status
+           FROM {}
+           WHERE UNIX_MICROS(updated_at) > @watermark_ts
+              OR (UNIX_MICROS(updated_at) = @watermark_ts AND id > @watermark_key)
+           ORDER BY updated_at_micros, id'''
+dedupe_key = ["id"]
+topic = "{}"
+ordering_key_column = "customer"
+cursor = {{ timestamp_column = "updated_at_micros", key_column = "id", key_type = "INT64" }}
+payload = {{ columns = ["id", "status"] }}
+"#,
+        table.name(),
+        topic.topic
+    );
+    let config = load(&toml);
+    let report = run_all(&db, &table, &config, &overlapped()).await;
+    let s = summary(&report, 0);
+    assert_eq!((s.enqueued, s.rejected), (7, 1));
+    let ids = |rows: Vec<(i64, String)>| rows.into_iter().map(|(_, k)| k).collect::<Vec<_>>();
+    let mut conn = db.pool.acquire().await.expect("connection");
+    let dead = dead_letter::list(&mut conn, None, 10)
+        .await
+        .expect("dead letters");
+    let place = dead[0].outbox_id.expect("the rejected row has its place");
+    let around: Vec<(i64, String)> =
+        sqlx::query_as("SELECT id, dedupe_key FROM pubsub_outbox ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .expect("outbox");
+    let before: Vec<i64> = around
+        .iter()
+        .filter(|(id, _)| *id < place)
+        .map(|r| r.0)
+        .collect();
+    assert_eq!(
+        before.len(),
+        3,
+        "its id lies between rows 3 and 5 of its page: {around:?}, place {place}"
+    );
+
+    // (a) The dispatcher publishes the rows before it; only the rows after it wait.
+    let d =
+        test_dispatcher::build(&db.pool, real_publisher().await, test_dispatcher::config()).await;
+    drain(&d).await;
+    let waiting: Vec<(i64, String)> =
+        sqlx::query_as("SELECT id, dedupe_key FROM pubsub_outbox ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .expect("outbox");
+    assert_eq!(ids(waiting), keys("place", 5..=8));
+
+    // (b) A replay puts it back in its place: ahead of the rows its key held.
+    dead_letter::replay(&mut conn, &[dead[0].id])
+        .await
+        .expect("replay");
+    let replayed: Vec<(i64, String)> =
+        sqlx::query_as("SELECT id, dedupe_key FROM pubsub_outbox ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .expect("outbox");
+    assert_eq!(replayed[0].0, place);
+    assert_eq!(ids(replayed), keys("place", 4..=8));
+
+    // Still unpublishable: the dispatcher dead-letters it again, at the same place; discarding
+    // it releases the key, and the subscriber sees every other row once, in order.
+    drain(&d).await;
+    let dead = dead_letter::list(&mut conn, None, 10)
+        .await
+        .expect("dead letters");
+    assert_eq!(
+        (dead.len(), dead[0].outbox_id),
+        (1, Some(place)),
+        "dead-lettered again at its place"
+    );
+    dead_letter::discard(&mut conn, &[dead[0].id])
+        .await
+        .expect("discard");
+    drop(conn);
+    drain(&d).await;
+    let received = topic.pull(7, Duration::from_secs(5)).await;
+    let got: Vec<String> = harness::pubsub::by_publish_order(&received)
+        .iter()
+        .map(|r| r.dedupe_key().to_owned())
+        .collect();
+    assert_eq!(
+        got,
+        keys("place", [1, 2, 3, 5, 6, 7, 8]),
+        "the key's rows arrive in cursor order, the rejected one never"
+    );
 }

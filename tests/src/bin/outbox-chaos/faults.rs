@@ -402,16 +402,14 @@ async fn hold_transaction(stack: &Stack, d: Duration) -> Result<String> {
     ))
 }
 
-/// Replays the oldest dead letter the dispatcher made (keyed if there is one) with the operator
-/// command: it is unpublishable, so it returns to the dead-letter table, and a keyed one goes
-/// back ahead of the rows its key holds. Not one the producer rejected: it never had an outbox id,
-/// so a replay gives it a new one, behind the rows its key held, which then go out before it
-/// (README "Chaos", known issue).
+/// Replays the oldest dead letter (keyed if there is one) with the operator command: it is
+/// unpublishable, so it returns to the dead-letter table, and a keyed one goes back to its place
+/// (its outbox id) ahead of the rows its key holds, whether the dispatcher or the producer made it.
 async fn replay_one(stack: &Stack) -> Result<String> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let id: Option<(i64, String)> = sqlx::query_as(
-            "SELECT id, dedupe_key FROM pubsub_outbox_dead_letter WHERE outbox_id IS NOT NULL
+            "SELECT id, dedupe_key FROM pubsub_outbox_dead_letter
              ORDER BY (ordering_key IS NULL), id LIMIT 1",
         )
         .fetch_optional(&stack.db.pool)

@@ -38,8 +38,6 @@ pub struct Expected {
     pub dead: BTreeSet<String>,
     /// Poison ordering keys and what they hold.
     pub held: BTreeMap<String, Held>,
-    /// Every key's rows so far, until it turns poison (they become [`Held::before`]).
-    by_key: HashMap<String, Vec<String>>,
     pub app_rows: usize,
     pub bigquery_rows: usize,
     /// The newest BigQuery row: (timestamp micros, id).
@@ -53,8 +51,6 @@ pub struct Expected {
 pub struct Held {
     /// The unpublishable row's dedupe key.
     pub bad: String,
-    /// The key's rows enqueued before it, in order.
-    pub before: Vec<String>,
     /// The key's rows enqueued after it, in order: these must wait.
     pub after: Vec<String>,
 }
@@ -64,27 +60,18 @@ impl Expected {
         if bad {
             self.dead.insert(dedupe.to_owned());
             if let Some(k) = key {
-                let before = self.by_key.remove(k).unwrap_or_default();
                 self.held.insert(
                     k.to_owned(),
                     Held {
                         bad: dedupe.to_owned(),
-                        before,
                         after: Vec::new(),
                     },
                 );
             }
             return;
         }
-        if let Some(k) = key {
-            match self.held.get_mut(k) {
-                Some(h) => h.after.push(dedupe.to_owned()),
-                None => self
-                    .by_key
-                    .entry(k.to_owned())
-                    .or_default()
-                    .push(dedupe.to_owned()),
-            }
+        if let Some(h) = key.and_then(|k| self.held.get_mut(k)) {
+            h.after.push(dedupe.to_owned());
         }
         self.ledger.enqueued(dedupe, key);
     }

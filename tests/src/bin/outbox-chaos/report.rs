@@ -65,8 +65,6 @@ pub struct Report {
     pub dead_unexpected: Vec<String>,
     pub held_keys: usize,
     pub held_rows: usize,
-    /// Rows enqueued before a producer-rejected row that waited behind it.
-    pub held_before: usize,
     pub discarded: usize,
     pub due_at_end: i64,
     /// The producer's watermark: (newest source row, stored).
@@ -229,8 +227,7 @@ impl Report {
             "dead_letters": {"expected": self.dead_expected, "found": self.dead_found,
                 "missing": self.dead_missing.len(), "unexpected": self.dead_unexpected.len(),
                 "keyed_discarded_at_end": self.discarded},
-            "held_keys": {"keys": self.held_keys, "rows_held": self.held_rows,
-                          "rows_before_a_producer_rejection_held": self.held_before},
+            "held_keys": {"keys": self.held_keys, "rows_held": self.held_rows},
             "due_rows_at_end": self.due_at_end,
             "watermark": {"expected": self.watermark.0, "found": self.watermark.1},
             "faults": faults,
@@ -328,14 +325,13 @@ impl Report {
             self.publish.order_violations.len()
         );
         println!(
-            "  dead letters       {} of {} expected ({} missing, {} unexpected); {} keys held {} rows behind them until discarded (+{} enqueued before a producer rejection)",
+            "  dead letters       {} of {} expected ({} missing, {} unexpected); {} keys held {} rows behind them until discarded",
             self.dead_found,
             self.dead_expected,
             self.dead_missing.len(),
             self.dead_unexpected.len(),
             self.held_keys,
-            self.held_rows,
-            self.held_before
+            self.held_rows
         );
         println!(
             "  outbox             {} due rows at end; dead tuples {} -> peak {} -> {}; size {:.1} -> {:.1} MiB",

@@ -229,10 +229,9 @@ async fn drain(
         .iter()
         .map(|r| r.dedupe.clone())
         .collect();
-    // A dispatcher dead-letters a keyed row only after every earlier row of its key went out;
-    // the producer dead-letters a row it rejects in the page's transaction, so the key's earlier
-    // rows still in the outbox then wait behind it too (README "Chaos"): allowed for the
-    // BigQuery stream's keys only, and counted.
+    // A dead letter holds back exactly the rows of its key after its place: a dispatcher's
+    // (every earlier row of its key went out first) and a producer's (its outbox id is its place
+    // in the page's order) alike.
     for (key, h) in &held {
         let waiting: Vec<String> = sqlx::query_scalar(
             "SELECT dedupe_key FROM pubsub_outbox
@@ -242,22 +241,13 @@ async fn drain(
         .fetch_all(pool)
         .await?;
         let leaked = h.after.iter().filter(|d| delivered.contains(*d)).count();
-        let extra = waiting.len().saturating_sub(h.after.len());
-        let from_producer = h.bad.starts_with(&format!("{}:", load::STREAM));
-        let ok = waiting.len() >= h.after.len()
-            && waiting[extra..] == h.after[..]
-            && extra <= h.before.len()
-            && waiting[..extra] == h.before[h.before.len() - extra..]
-            && (extra == 0 || from_producer);
         report.held_rows += h.after.len();
-        report.held_before += extra;
-        if !ok || leaked > 0 {
+        if waiting != h.after || leaked > 0 {
             report.failures.push(format!(
-                "key {key} behind dead letter {}: waiting {:?}, expected the rows after it {:?} (and, for the producer, a suffix of the rows before it {:?}); {leaked} delivered past it",
+                "key {key} behind dead letter {}: waiting {:?}, expected exactly the rows after it {:?}; {leaked} delivered past it",
                 h.bad,
                 &waiting[..waiting.len().min(12)],
                 &h.after[..h.after.len().min(12)],
-                &h.before[h.before.len().saturating_sub(5)..]
             ));
         }
     }
