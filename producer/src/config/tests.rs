@@ -196,3 +196,54 @@ fn the_sample_streams_file_is_valid() {
     let names: Vec<&str> = c.streams.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["order_events", "orders"]);
 }
+
+#[test]
+fn commit_modes_and_their_guards_are_checked() {
+    let with = |extra: &str| {
+        GOOD.replacen(
+            "lookback = \"15m\"",
+            &format!("lookback = \"15m\"\n{extra}"),
+            1,
+        )
+    };
+    let config = StreamsConfig::parse(
+        &with("commit = \"run\"\nmax_run_rows = 500"),
+        "t",
+        &options(),
+    )
+    .expect("valid");
+    let orders = config
+        .streams
+        .iter()
+        .find(|s| s.name == "orders")
+        .expect("orders");
+    assert_eq!(
+        orders.commit,
+        Commit::Run {
+            max_rows: 500,
+            max_bytes: DEFAULT_MAX_RUN_BYTES
+        }
+    );
+    let audit = config
+        .streams
+        .iter()
+        .find(|s| s.name == "audit")
+        .expect("audit");
+    assert_eq!(audit.commit, Commit::Page, "page is the default");
+    for (extra, wanted) in [
+        ("commit = \"whole\"", "commit: \"whole\" is not"),
+        ("max_run_rows = 10", "apply only with commit = \"run\""),
+        (
+            "commit = \"run\"\nmax_run_bytes = 0",
+            "max_run_bytes: must be a positive number",
+        ),
+    ] {
+        let found = problems(&with(extra));
+        assert!(
+            found
+                .iter()
+                .any(|p| p.contains("orders") && p.contains(wanted)),
+            "{extra}: {found:?}"
+        );
+    }
+}

@@ -135,8 +135,10 @@ pub async fn producer_bench(db: &Scratch, args: &ProducerArgs) -> Result<()> {
                 );
                 runs.push((p.label.clone(), run, fetch));
             }
-            let rate = enqueue_leg(db, &messages, enqueue_rows).await?;
-            println!("  {delay:?} round {round}: enqueue alone {rate:.0} rows/s");
+            let (rate, pg) = enqueue_leg(db, &messages, enqueue_rows).await?;
+            println!(
+                "  {delay:?} round {round}: enqueue alone {rate:.0} rows/s ({pg:.1} µs PostgreSQL CPU per row)"
+            );
             enqueues.push(rate);
         }
         print_table(delay, &producers, &runs, &enqueues);
@@ -369,17 +371,22 @@ fn messages(table: &Table) -> Vec<NewMessage> {
         .collect()
 }
 
-/// `enqueue_batch` alone: the same rows, `per_tx` per transaction, one connection.
-async fn enqueue_leg(db: &Scratch, messages: &[NewMessage], per_tx: usize) -> Result<f64> {
+/// `enqueue_batch` alone: the same rows, `per_tx` per transaction, one connection. Returns
+/// rows/s and PostgreSQL's CPU per row (µs).
+async fn enqueue_leg(db: &Scratch, messages: &[NewMessage], per_tx: usize) -> Result<(f64, f64)> {
     reset(db).await?;
     let mut conn = db.db.pool.acquire().await?;
+    let (pg_before, _) = binary::service_cpu_seconds();
     let started = Instant::now();
     for chunk in messages.chunks(per_tx.max(1)) {
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         enqueue_batch(&mut tx, chunk).await?;
         tx.commit().await.context("committing an enqueue")?;
     }
-    Ok(messages.len() as f64 / started.elapsed().as_secs_f64())
+    let elapsed = started.elapsed();
+    let (pg_after, _) = binary::service_cpu_seconds();
+    let n = messages.len() as f64;
+    Ok((n / elapsed.as_secs_f64(), (pg_after - pg_before) * 1e6 / n))
 }
 
 /// The process's peak resident memory so far (VmHWM), in MiB; 0 once it is gone.
