@@ -168,7 +168,7 @@ pub struct JobArgs {
     pub page_size: u32,
     /// BigQuery pages of about this many bytes on the wire (64 KiB to 10 MiB; the first page is
     /// at most 1,000 rows, then the rows per page follow from the row size seen). Memory holds
-    /// about (--read-parallelism + 2) pages.
+    /// about (--read-parallelism + 3) pages.
     #[arg(long, env = "OUTBOX_PRODUCER_PAGE_BYTES", default_value_t = settings::DEFAULT_PAGE_BYTES as u64,
           value_parser = clap::value_parser!(u64).range(65_536..=10_485_760))]
     pub page_bytes: u64,

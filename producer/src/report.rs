@@ -42,6 +42,10 @@ pub struct StreamSummary {
     pub bytes_processed: Option<i64>,
     /// Wall time.
     pub elapsed: Duration,
+    /// Of `elapsed`, the time the commits waited for BigQuery's next page (the query, the first
+    /// page, and every page not yet read when the previous one had committed): near `elapsed`,
+    /// the run is bound by BigQuery; near zero, by PostgreSQL.
+    pub waited_for_bigquery: Duration,
     /// Dry run only: the first messages that would be enqueued or rejected.
     pub samples: Vec<serde_json::Value>,
 }
@@ -59,6 +63,7 @@ impl StreamSummary {
             watermark: None,
             bytes_processed: None,
             elapsed: Duration::ZERO,
+            waited_for_bigquery: Duration::ZERO,
             samples: Vec::new(),
         }
     }
@@ -76,6 +81,7 @@ impl StreamSummary {
             watermark = %self.watermark.as_ref().map(ToString::to_string).unwrap_or_default(),
             bytes_processed = self.bytes_processed,
             elapsed_ms = self.elapsed.as_millis() as u64,
+            waited_for_bigquery_ms = self.waited_for_bigquery.as_millis() as u64,
             "Stream summary."
         );
     }

@@ -323,7 +323,12 @@ impl Run<'_> {
         &mut self,
         pages: &mut Receiver<Result<ReadPage, StreamError>>,
     ) -> Result<Option<ReadPage>, StreamError> {
-        while let Some(page) = pages.recv().await {
+        loop {
+            let waiting = Instant::now();
+            let Some(page) = pages.recv().await else {
+                break;
+            };
+            self.summary.waited_for_bigquery += waiting.elapsed();
             let page = page?;
             if page.bytes_processed.is_some() {
                 self.summary.bytes_processed = page.bytes_processed;

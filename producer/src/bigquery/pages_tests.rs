@@ -456,3 +456,30 @@ async fn pages_are_sized_by_the_bytes_of_the_rows_seen() {
         "later pages ask for about page_bytes / row bytes rows: {asked:?}"
     );
 }
+
+#[tokio::test]
+async fn the_first_ranges_ramp_up_to_the_page_size() {
+    let bq = BigQuery::new(Ranges::new(30_000, 100_000), "p", fast());
+    // ~18 bytes a row: pages of ~8,000 rows by bytes; the first page has 1,000.
+    let spec = QuerySpec {
+        page_size: 50_000,
+        page_bytes: 18 * 8_000,
+        parallel_reads: 4,
+        ..spec()
+    };
+    let pages = read_all(&bq, &spec).await;
+    let rows: Vec<i64> = pages.iter().flatten().copied().collect();
+    assert_eq!(
+        rows,
+        (1..=30_000).collect::<Vec<_>>(),
+        "every row once, in order"
+    );
+    let sizes: Vec<usize> = pages.iter().map(Vec::len).collect();
+    assert_eq!(&sizes[..3], &[1_000, 2_000, 4_000], "ramped: {sizes:?}");
+    assert!(
+        sizes[3..sizes.len() - 1]
+            .iter()
+            .all(|&n| (6_000..=10_000).contains(&n)),
+        "then pages sized by bytes: {sizes:?}"
+    );
+}

@@ -50,6 +50,12 @@ async fn pages_read_ahead_and_in_parallel_commit_in_cursor_order_each_row_once()
         Some("60".to_owned())
     );
     assert_eq!(transactions(&db).await, 12, "one transaction per page of 5");
+    assert!(
+        s.waited_for_bigquery > Duration::ZERO && s.waited_for_bigquery < s.elapsed,
+        "the commits waited for BigQuery's pages part of the run: {:?} of {:?}",
+        s.waited_for_bigquery,
+        s.elapsed
+    );
 }
 
 /// How many transactions wrote the outbox's rows.

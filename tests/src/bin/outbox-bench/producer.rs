@@ -3,8 +3,9 @@
 //! in the same rounds as its two bounds:
 //! - **fetch alone**: the same binary's `run --dry-run` (reads and maps every page, writes
 //!   nothing; one extra call for BigQuery's byte estimate);
-//! - **enqueue alone**: the same rows as the producer enqueues them (payload, dedupe key,
-//!   ordering key), through `enqueue_batch` on one connection, `--enqueue-rows` per transaction.
+//! - **enqueue alone**: the rows the producer's first run enqueued (read back: the same payloads,
+//!   dedupe and ordering keys), through `enqueue_batch` on one connection, `--enqueue-rows` per
+//!   transaction.
 //!
 //! Every producer run must leave each row in the outbox exactly once and the watermark at the last
 //! row; the figures are rows/s, the producer's ratio to min(fetch, enqueue), and its peak RSS.
@@ -15,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use harness::bigquery_standin::{StandIn, Table, Wire};
+use outbox_producer::settings::DEFAULT_PAGE_BYTES;
 use outbox_shared::{NewMessage, enqueue_batch};
 use tokio::process::Command;
 
@@ -70,7 +72,8 @@ pub struct ProducerArgs {
     /// Producer binaries, `label=path` (repeat; default: the producer beside this bench).
     #[arg(long = "producer-bin")]
     producers: Vec<ProducerBin>,
-    /// Rows per transaction of the enqueue-alone bound (default: what a 4 MiB page holds).
+    /// Rows per transaction of the enqueue-alone bound (default: what a page of the producer's
+    /// default `--page-bytes` holds).
     #[arg(long)]
     enqueue_rows: Option<usize>,
 }
@@ -83,6 +86,12 @@ struct Leg {
     calls: u64,
     /// CPU per row, µs: the producer, PostgreSQL, the stand-in (this process).
     cpu_us: [f64; 3],
+    /// Wall time of the whole process, ms.
+    wall_ms: f64,
+    /// The producer's own account (its summary line): the stream's run, and of it the time the
+    /// commits waited for BigQuery's pages, ms (None from a producer that does not report it).
+    run_ms: Option<f64>,
+    waited_ms: Option<f64>,
 }
 
 pub async fn producer_bench(db: &Scratch, args: &ProducerArgs) -> Result<()> {
@@ -95,8 +104,9 @@ pub async fn producer_bench(db: &Scratch, args: &ProducerArgs) -> Result<()> {
     let row_bytes = table.row_bytes();
     let enqueue_rows = args
         .enqueue_rows
-        .unwrap_or(((4 << 20) / row_bytes.max(1)).clamp(1, 50_000));
-    let messages = messages(&table);
+        .unwrap_or((DEFAULT_PAGE_BYTES / row_bytes.max(1)).clamp(1, 50_000));
+    // The same rows as the producer enqueued them (read back after its first run).
+    let mut messages: Vec<NewMessage> = Vec::new();
     let config =
         std::env::temp_dir().join(format!("outbox-bench-streams-{}.toml", std::process::id()));
     std::fs::write(&config, STREAMS).context("writing the bench's streams file")?;
@@ -120,9 +130,12 @@ pub async fn producer_bench(db: &Scratch, args: &ProducerArgs) -> Result<()> {
         for round in 1..=args.rounds {
             for p in &producers {
                 let run = producer_leg(db, &standin, &p.path, &config, &table, false).await?;
+                if messages.is_empty() {
+                    messages = written(db).await?;
+                }
                 let fetch = producer_leg(db, &standin, &p.path, &config, &table, true).await?;
                 println!(
-                    "  {delay:?} round {round} {}: producer {:.0} rows/s ({} calls, {:.0} MiB peak, CPU per row {:.1} / {:.1} / {:.1} µs producer / PostgreSQL / stand-in), fetch alone {:.0} rows/s ({:.1} µs producer CPU per row)",
+                    "  {delay:?} round {round} {}: producer {:.0} rows/s ({} calls, {:.0} MiB peak, CPU per row {:.1} / {:.1} / {:.1} µs producer / PostgreSQL / stand-in; {}), fetch alone {:.0} rows/s ({:.1} µs producer CPU per row)",
                     p.label,
                     run.rows_per_second,
                     run.calls,
@@ -130,6 +143,7 @@ pub async fn producer_bench(db: &Scratch, args: &ProducerArgs) -> Result<()> {
                     run.cpu_us[0],
                     run.cpu_us[1],
                     run.cpu_us[2],
+                    time_split(&run),
                     fetch.rows_per_second,
                     fetch.cpu_us[0]
                 );
@@ -141,13 +155,34 @@ pub async fn producer_bench(db: &Scratch, args: &ProducerArgs) -> Result<()> {
             );
             enqueues.push(rate);
         }
-        print_table(delay, &producers, &runs, &enqueues);
+        print_table(args.rows, delay, &producers, &runs, &enqueues);
     }
     let _ = std::fs::remove_file(&config);
     Ok(())
 }
 
+/// Where a run's wall time went: before the stream's run (process start, connecting, the lock),
+/// the commits waiting for BigQuery, and the rest (writing).
+fn time_split(leg: &Leg) -> String {
+    match (leg.run_ms, leg.waited_ms) {
+        (Some(run), Some(waited)) => format!(
+            "{:.0} ms: {:.0} before the run, {:.0} waiting for BigQuery, {:.0} writing",
+            leg.wall_ms,
+            leg.wall_ms - run,
+            waited,
+            run - waited
+        ),
+        (Some(run), None) => format!(
+            "{:.0} ms: {:.0} before the run",
+            leg.wall_ms,
+            leg.wall_ms - run
+        ),
+        _ => format!("{:.0} ms", leg.wall_ms),
+    }
+}
+
 fn print_table(
+    rows: usize,
     delay: Duration,
     producers: &[ProducerBin],
     runs: &[(String, Leg, Leg)],
@@ -162,9 +197,9 @@ fn print_table(
         enqueue.max / 1e3
     );
     println!(
-        "| producer | rows/s (median, min-max) | fetch alone rows/s | producer / min(fetch, enqueue) | calls per run | peak RSS | CPU per row: producer / PostgreSQL µs |"
+        "| producer | rows/s (median, min-max) | fetch alone rows/s | producer / min(fetch, enqueue) | calls per run | peak RSS | CPU per row: producer / PostgreSQL µs | wall ms: before the run / waiting for BigQuery / writing (writing / enqueue alone) |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for p in producers {
         let mine: Vec<&(String, Leg, Leg)> = runs.iter().filter(|r| r.0 == p.label).collect();
         let run = summary(mine.iter().map(|r| r.1.rows_per_second));
@@ -179,8 +214,27 @@ fn print_table(
         let calls = mine.first().map_or(0, |r| r.1.calls);
         let own = summary(mine.iter().map(|r| r.1.cpu_us[0])).median;
         let pg = summary(mine.iter().map(|r| r.1.cpu_us[1])).median;
+        let median = |f: &dyn Fn(&Leg) -> Option<f64>| {
+            let v: Vec<f64> = mine.iter().filter_map(|r| f(&r.1)).collect();
+            (!v.is_empty()).then(|| summary(v.into_iter()).median)
+        };
+        let split = match (
+            median(&|l| l.run_ms.map(|r| l.wall_ms - r)),
+            median(&|l| l.waited_ms),
+            median(&|l| l.run_ms.zip(l.waited_ms).map(|(r, w)| r - w)),
+        ) {
+            (Some(before), Some(waited), Some(writing)) => {
+                let alone = rows as f64 / enqueue.median * 1e3;
+                format!(
+                    "{before:.0} / {waited:.0} / {writing:.0} ({:.2})",
+                    writing / alone
+                )
+            }
+            (Some(before), _, _) => format!("{before:.0} / - / -"),
+            _ => "-".to_owned(),
+        };
         println!(
-            "| {} | {:.1} k ({:.1}-{:.1}) | {:.1} k | **{:.2}** ({:.2}-{:.2}) | {calls} | {rss:.0} MiB | {own:.1} / {pg:.1} |",
+            "| {} | {:.1} k ({:.1}-{:.1}) | {:.1} k | **{:.2}** ({:.2}-{:.2}) | {calls} | {rss:.0} MiB | {own:.1} / {pg:.1} | {split} |",
             p.label,
             run.median / 1e3,
             run.min / 1e3,
@@ -266,7 +320,8 @@ async fn producer_leg(
         .env("DATABASE_URL", db.db.url())
         .env("BIGQUERY_PROJECT_ID", "bench-project")
         .env("BIGQUERY_EMULATOR_HOST", standin.url())
-        .env("OUTBOX_LOG", "warn")
+        .env("OUTBOX_LOG", "warn,outbox_producer::report=info")
+        .env("OUTBOX_LOG_FORMAT", "json")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
@@ -314,13 +369,29 @@ async fn producer_leg(
     if !dry_run {
         check_exactly_once(db, table).await?;
     }
+    let reported = |field: &str| summary_field(&stderr, field);
     Ok(Leg {
+        wall_ms: elapsed.as_secs_f64() * 1e3,
+        run_ms: reported("elapsed_ms"),
+        waited_ms: reported("waited_for_bigquery_ms"),
         rows_per_second: table.len() as f64 / elapsed.as_secs_f64(),
         peak_rss_mib: peak,
         calls: standin.calls() - calls_before,
         cpu_us: [0, 1, 2]
             .map(|i| (last[i] - if i == 0 { 0.0 } else { at_start[i] }) * 1e6 / table.len() as f64),
     })
+}
+
+/// A number field of the producer's "Stream summary." JSON log line.
+fn summary_field(stderr: &str, field: &str) -> Option<f64> {
+    stderr
+        .lines()
+        .filter(|l| l.contains("Stream summary."))
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find_map(|v| {
+            let f = v.get("fields").unwrap_or(&v);
+            f.get(field).and_then(serde_json::Value::as_f64)
+        })
 }
 
 /// Every row once, the watermark at the last row.
@@ -348,27 +419,33 @@ async fn check_exactly_once(db: &Scratch, table: &Table) -> Result<()> {
     Ok(())
 }
 
-/// The rows as the producer enqueues them (payload: the JSON object of the payload columns).
-fn messages(table: &Table) -> Vec<NewMessage> {
-    (0..table.len())
-        .filter_map(|i| table.cells(i))
-        .map(|c| {
-            let payload = serde_json::json!({
-                "id": c[0].parse::<i64>().unwrap_or_default(),
-                "updated_at": c[2],
-                "customer_id": c[3],
-                "amount": c[4],
-                "body": c[5],
-            });
-            NewMessage {
-                topic: "projects/bench-project/topics/orders".into(),
-                ordering_key: Some(c[3].clone()),
-                dedupe_key: format!("bench:{}", c[0]),
-                payload: payload.to_string().into_bytes(),
-                attributes: Default::default(),
-            }
-        })
-        .collect()
+/// The outbox's rows as a producer run left them, in id order.
+async fn written(db: &Scratch) -> Result<Vec<NewMessage>> {
+    type Row = (
+        String,
+        Option<String>,
+        String,
+        Vec<u8>,
+        sqlx::types::Json<outbox_shared::message::Attributes>,
+    );
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT topic, ordering_key, dedupe_key, payload, attributes FROM pubsub_outbox ORDER BY id",
+    )
+    .fetch_all(&db.db.pool)
+    .await
+    .context("reading back the rows the producer enqueued")?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(topic, ordering_key, dedupe_key, payload, attributes)| NewMessage {
+                topic,
+                ordering_key,
+                dedupe_key,
+                payload,
+                attributes: attributes.0,
+            },
+        )
+        .collect())
 }
 
 /// `enqueue_batch` alone: the same rows, `per_tx` per transaction, one connection. Returns
