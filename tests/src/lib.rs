@@ -10,7 +10,8 @@
 //! - [`proxy`]: network failures the real services cannot produce on demand (publish faults:
 //!   `outbox_dispatcher::fault`); [`http_faults`]: scripted HTTP failures (HTML 502, bare 503) in
 //!   front of bqemulator; [`process`]: the binaries as child processes, for signal tests.
-//! - [`bigquery`]: tables on bqemulator.
+//! - [`bigquery`]: tables on bqemulator; [`producer`]: the producer's fixtures (the orders table
+//!   and stream, settings, an in-process run, the watermark and outbox reads).
 
 pub mod bigquery;
 pub mod bigquery_standin;
@@ -23,6 +24,7 @@ pub mod http_faults;
 pub mod ledger;
 pub mod pgbouncer;
 pub mod process;
+pub mod producer;
 pub mod proxy;
 pub mod pubsub;
 pub mod token_server;

@@ -19,7 +19,7 @@ use harness::token_server::{
 };
 use serde_json::json;
 
-use crate::producer::{order, orders_schema, orders_toml};
+use harness::producer::{order, orders_schema, orders_toml};
 
 /// Rows of the stream.
 const ROWS: i64 = 12;

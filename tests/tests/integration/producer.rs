@@ -2,7 +2,7 @@
 //!
 //! Each test creates its own BigQuery dataset and database, runs the producer library in-process
 //! (`run_job` / `run_stream`, as `producer run` does) and asserts on the outbox, the dead-letter
-//! table, the watermark and the run ledger. Its helpers are shared with `producer_ops`.
+//! table, the watermark and the run ledger. The fixtures are `harness::producer`'s.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,164 +12,24 @@ use gcp_bigquery_client::model::field_type::FieldType;
 use gcp_bigquery_client::model::query_request::QueryRequest;
 use gcp_bigquery_client::model::query_response::ResultSet;
 use gcp_bigquery_client::model::table_field_schema::TableFieldSchema;
-use harness::bigquery::{FailFromRow, TestTable};
+use harness::bigquery::TestTable;
 use harness::db::TestDb;
 use harness::env;
 use harness::http_faults::{Fault, HttpFaults};
-use outbox_producer::bigquery::{BigQuery, Rest, Timeouts};
+use harness::producer::{
+    BASE_MICROS, assert_nothing_written, bigquery, failing_from, failure, keys, load, order,
+    orders_schema, orders_toml, outbox, outbox_keys, rfc3339, run_all, run_with, settings,
+    stored_watermark, summary,
+};
+use outbox_producer::bigquery::{BigQuery, Timeouts};
 use outbox_producer::cursor::Position;
 use outbox_producer::{
-    ErrorKind, JobReport, LoadOptions, OnOverlap, Settings, StreamOutcome, StreamsConfig, run_job,
-    run_stream, select_streams,
+    ErrorKind, LoadOptions, OnOverlap, Settings, StreamOutcome, StreamsConfig, run_job, run_stream,
+    select_streams,
 };
 use outbox_runtime::shutdown::Shutdown;
 use outbox_shared::store::{run_ledger, watermark};
 use serde_json::{Value, json};
-
-// ---------------------------------------------------------------- helpers
-
-/// 2026-11-30T12:00:00Z in UNIX microseconds; test rows are placed relative to it.
-pub(crate) const BASE_MICROS: i64 = 1_796_040_000_000_000;
-
-pub(crate) fn rfc3339(micros: i64) -> String {
-    outbox_producer::value::format_timestamp(micros).expect("timestamp in range")
-}
-
-pub(crate) fn orders_schema() -> Vec<TableFieldSchema> {
-    vec![
-        TableFieldSchema::integer("id"),
-        TableFieldSchema::new("updated_at", FieldType::Timestamp),
-        TableFieldSchema::string("customer"),
-        TableFieldSchema::string("status"),
-        TableFieldSchema::numeric("amount"),
-    ]
-}
-
-/// An order row updated at `BASE_MICROS + offset_micros`.
-pub(crate) fn order(id: i64, offset_micros: i64) -> Value {
-    json!({
-        "id": id,
-        "updated_at": rfc3339(BASE_MICROS + offset_micros),
-        "customer": format!("c{}", id % 3),
-        "status": "new",
-        "amount": "12.50",
-    })
-}
-
-/// The orders stream over `table`, with `extra` TOML lines for the stream's top-level keys.
-pub(crate) fn orders_toml(table: &TestTable, name: &str, extra: &str) -> String {
-    format!(
-        r#"
-[[stream]]
-name = "{name}"
-query = """
-SELECT id, UNIX_MICROS(updated_at) AS updated_at_micros, customer, status, amount, updated_at
-FROM {table}
-WHERE UNIX_MICROS(updated_at) > @watermark_ts
-   OR (UNIX_MICROS(updated_at) = @watermark_ts AND id > @watermark_key)
-ORDER BY updated_at_micros, id
-"""
-dedupe_key = ["id"]
-topic = "orders"
-ordering_key_column = "customer"
-{extra}
-
-[stream.cursor]
-timestamp_column = "updated_at_micros"
-key_column = "id"
-key_type = "INT64"
-
-[stream.attributes]
-columns = {{ status = "status" }}
-fixed = {{ source = "test" }}
-
-[stream.payload]
-columns = ["id", "customer", "status", "amount", "updated_at"]
-"#,
-        table = table.name()
-    )
-}
-
-pub(crate) fn load(toml: &str) -> StreamsConfig {
-    let options = LoadOptions {
-        pubsub_project: env::pubsub_project(),
-        dedupe_attribute: "dedupe_key".into(),
-    };
-    StreamsConfig::parse(toml, "test streams", &options).expect("the test streams config is valid")
-}
-
-pub(crate) fn settings(page_size: u32) -> Settings {
-    Settings {
-        page_size,
-        pubsub_project: env::pubsub_project(),
-        progress_interval: Duration::from_millis(50),
-        ..Settings::default()
-    }
-}
-
-fn bigquery(api: &Rest) -> BigQuery<Rest> {
-    BigQuery::new(api.clone(), env::bigquery_project(), Timeouts::default())
-}
-
-pub(crate) async fn run_all(
-    db: &TestDb,
-    table: &TestTable,
-    config: &StreamsConfig,
-    settings: &Settings,
-) -> JobReport {
-    let streams = select_streams(config, settings).expect("streams selected");
-    run_job(
-        &db.pool,
-        &bigquery(&table.api),
-        &streams,
-        settings,
-        &Shutdown::never(),
-    )
-    .await
-}
-
-/// The outbox as `(dedupe_key, payload JSON)` in enqueue order.
-pub(crate) async fn outbox(db: &TestDb) -> Vec<(String, Value)> {
-    let rows: Vec<(String, Vec<u8>)> =
-        sqlx::query_as("SELECT dedupe_key, payload FROM pubsub_outbox ORDER BY id")
-            .fetch_all(&db.pool)
-            .await
-            .expect("read the outbox");
-    rows.into_iter()
-        .map(|(k, p)| {
-            (
-                k,
-                serde_json::from_slice(&p)
-                    .unwrap_or_else(|_| Value::String(format!("{} bytes", p.len()))),
-            )
-        })
-        .collect()
-}
-
-pub(crate) async fn outbox_keys(db: &TestDb) -> Vec<String> {
-    outbox(db).await.into_iter().map(|(k, _)| k).collect()
-}
-
-pub(crate) async fn stored_watermark(db: &TestDb, stream: &str) -> Option<watermark::Cursor> {
-    let mut conn = db.pool.acquire().await.expect("connection");
-    watermark::get(&mut conn, stream)
-        .await
-        .expect("read the watermark")
-}
-
-pub(crate) fn keys(stream: &str, ids: impl IntoIterator<Item = i64>) -> Vec<String> {
-    ids.into_iter().map(|i| format!("{stream}:{i}")).collect()
-}
-
-pub(crate) fn summary(report: &JobReport, i: usize) -> &outbox_producer::StreamSummary {
-    match &report.streams[i].result {
-        Ok(s) => s,
-        Err(e) => panic!(
-            "stream {} should have succeeded: {e}",
-            report.streams[i].stream
-        ),
-    }
-}
 
 // ---------------------------------------------------------------- foundation
 
@@ -331,24 +191,9 @@ async fn a_crash_between_chunks_then_a_rerun_leaves_each_source_row_in_the_outbo
 
     // The BigQuery API fails from row 6 on (the third page of 3): the run stops right after
     // committing two chunks, as a crash would, although it reads pages ahead.
-    let streams = select_streams(&config, &settings(3)).expect("streams selected");
-    let crashing = BigQuery::new(
-        FailFromRow::new(table.api.clone(), 6),
-        env::bigquery_project(),
-        Timeouts::default(),
-    );
-    let report = run_job(
-        &db.pool,
-        &crashing,
-        &streams,
-        &settings(3),
-        &Shutdown::never(),
-    )
-    .await;
-    let err = report.streams[0]
-        .result
-        .as_ref()
-        .expect_err("the run fails");
+    let crashing = failing_from(&table, 6);
+    let report = run_with(&db, &crashing, &config, &settings(3)).await;
+    let err = failure(&report, 0);
     assert!(
         matches!(&err.kind, ErrorKind::Query(m) if m.contains("injected failure from row 6")),
         "the run fails on the injected failure after two chunks: {err}"
@@ -950,15 +795,7 @@ async fn a_dry_run_reports_what_would_be_enqueued_and_writes_nothing() {
         report.render().contains("dry"),
         "the table lists the stream"
     );
-    assert!(
-        outbox_keys(&db).await.is_empty(),
-        "a dry run enqueues nothing"
-    );
-    assert_eq!(
-        stored_watermark(&db, "dry").await,
-        None,
-        "a dry run moves no watermark"
-    );
+    assert_nothing_written(&db, "dry").await;
     let mut conn = db.pool.acquire().await.expect("connection");
     assert!(
         run_ledger::recent(&mut conn, "dry", 5)
@@ -1036,10 +873,7 @@ async fn an_unknown_column_in_the_mapping_fails_the_stream_naming_it_and_writes_
     table.insert(&[order(1, 1)]).await;
     let report = run_all(&db, &table, &config, &settings(10)).await;
     assert_eq!(report.exit_code(), 1);
-    let err = report.streams[0]
-        .result
-        .as_ref()
-        .expect_err("unknown column");
+    let err = failure(&report, 0);
     let message = err.to_string();
     assert!(
         message.contains("stream 'typo'") && message.contains("`stauts`"),
@@ -1058,7 +892,7 @@ async fn a_query_error_fails_that_stream_naming_it_while_the_other_streams_still
     table.insert(&[order(1, 1), order(2, 2)]).await;
     let report = run_all(&db, &table, &config, &settings(10)).await;
     assert_eq!(report.exit_code(), 1, "one failed stream fails the job");
-    let err = report.streams[0].result.as_ref().expect_err("query error");
+    let err = failure(&report, 0);
     assert!(matches!(err.kind, ErrorKind::Query(_)), "{err}");
     assert!(
         err.to_string().contains("stream 'broken'") && err.to_string().contains("no_such_column"),
@@ -1088,10 +922,7 @@ async fn rows_out_of_cursor_order_fail_the_run_before_anything_is_written() {
         .insert(&(1..=5).map(|i| order(i, i)).collect::<Vec<_>>())
         .await;
     let report = run_all(&db, &table, &config, &settings(10)).await;
-    let err = report.streams[0]
-        .result
-        .as_ref()
-        .expect_err("unordered rows");
+    let err = failure(&report, 0);
     assert!(matches!(err.kind, ErrorKind::CursorOrder(_)), "{err}");
     assert!(
         err.to_string().contains("ORDER BY"),
@@ -1139,20 +970,6 @@ async fn an_html_502_and_a_bare_503_are_retried_and_each_row_is_enqueued_once() 
         keys("flaky", 1..=7),
         "each row exactly once"
     );
-}
-
-async fn assert_nothing_written(db: &TestDb, stream: &str) {
-    assert!(outbox_keys(db).await.is_empty(), "nothing enqueued");
-    assert_eq!(
-        stored_watermark(db, stream).await,
-        None,
-        "no watermark stored"
-    );
-    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM pubsub_outbox_dead_letter")
-        .fetch_one(&db.pool)
-        .await
-        .expect("count dead letters");
-    assert_eq!(dead, 0, "nothing dead-lettered");
 }
 
 // ---------------------------------------------------------------- measurements

@@ -11,7 +11,7 @@ use outbox_shared::store::watermark::{self, Cursor};
 use serde_json::{Value, json};
 use sqlx::{Connection, PgConnection};
 
-use crate::producer::{
+use harness::producer::{
     BASE_MICROS, keys, load, order, orders_schema, orders_toml, outbox_keys, rfc3339, run_all,
     settings, stored_watermark, summary,
 };

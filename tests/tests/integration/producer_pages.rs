@@ -5,20 +5,16 @@
 
 use std::time::Duration;
 
-use harness::bigquery::{FailFromRow, TestTable};
+use harness::bigquery::TestTable;
 use harness::db::TestDb;
 use harness::dispatcher::{self as test_dispatcher, drain, real_publisher};
-use harness::env;
-use harness::pubsub::TestTopic;
-use outbox_producer::bigquery::{BigQuery, Timeouts};
-use outbox_producer::{ErrorKind, Settings, run_job, select_streams};
-use outbox_runtime::shutdown::Shutdown;
-use outbox_shared::store::{dead_letter, run_ledger};
-
-use crate::producer::{
-    keys, load, order, orders_schema, orders_toml, outbox_keys, run_all, settings,
-    stored_watermark, summary,
+use harness::producer::{
+    assert_nothing_written, failing_from, failure, keys, load, order, orders_schema, orders_toml,
+    outbox_keys, run_all, run_with, settings, stored_watermark, summary,
 };
+use harness::pubsub::TestTopic;
+use outbox_producer::{ErrorKind, Settings};
+use outbox_shared::store::{dead_letter, run_ledger};
 
 /// Pages of 5 rows, 4 read at once: 60 rows are 12 pages, most read while others commit.
 fn overlapped() -> Settings {
@@ -88,24 +84,9 @@ async fn a_commit_failing_while_later_pages_are_read_loses_and_duplicates_nothin
     .execute(&db.pool)
     .await
     .expect("install the failing trigger");
-    let streams = select_streams(&config, &overlapped()).expect("streams");
-    let counting = BigQuery::new(
-        FailFromRow::new(table.api.clone(), u64::MAX),
-        env::bigquery_project(),
-        Timeouts::default(),
-    );
-    let report = run_job(
-        &db.pool,
-        &counting,
-        &streams,
-        &overlapped(),
-        &Shutdown::never(),
-    )
-    .await;
-    let err = report.streams[0]
-        .result
-        .as_ref()
-        .expect_err("the run fails");
+    let counting = failing_from(&table, u64::MAX);
+    let report = run_with(&db, &counting, &config, &overlapped()).await;
+    let err = failure(&report, 0);
     assert!(
         matches!(&err.kind, ErrorKind::Database(_)) && err.to_string().contains("row 23"),
         "the failed commit is the error: {err}"
@@ -147,39 +128,17 @@ async fn a_run_committed_as_one_transaction_is_all_or_nothing() {
         .insert(&(1..=30).map(|i| order(i, i)).collect::<Vec<_>>())
         .await;
     let config = load(&orders_toml(&table, "whole", r#"commit = "run""#));
-    let streams = select_streams(&config, &overlapped()).expect("streams");
 
     // BigQuery fails on the last page (rows 26-30): nothing of the run is enqueued.
-    let failing = BigQuery::new(
-        FailFromRow::new(table.api.clone(), 25),
-        env::bigquery_project(),
-        Timeouts::default(),
-    );
-    let report = run_job(
-        &db.pool,
-        &failing,
-        &streams,
-        &overlapped(),
-        &Shutdown::never(),
-    )
-    .await;
-    let err = report.streams[0]
-        .result
-        .as_ref()
-        .expect_err("the run fails");
+    let failing = failing_from(&table, 25);
+    let report = run_with(&db, &failing, &config, &overlapped()).await;
+    let err = failure(&report, 0);
     assert!(
         err.to_string().contains("injected failure from row 25"),
         "{err}"
     );
-    assert!(
-        outbox_keys(&db).await.is_empty(),
-        "nothing of the failed run is visible"
-    );
-    assert_eq!(
-        stored_watermark(&db, "whole").await,
-        None,
-        "the watermark did not move"
-    );
+    // Nothing of the failed run is visible, and the watermark did not move.
+    assert_nothing_written(&db, "whole").await;
     let mut conn = db.pool.acquire().await.expect("connection");
     let runs = run_ledger::recent(&mut conn, "whole", 1)
         .await
@@ -226,10 +185,7 @@ async fn a_run_above_its_size_guard_fails_with_the_fix_and_enqueues_nothing() {
         "commit = \"run\"\nmax_run_rows = 12",
     ));
     let report = run_all(&db, &table, &config, &overlapped()).await;
-    let err = report.streams[0]
-        .result
-        .as_ref()
-        .expect_err("the guard trips");
+    let err = failure(&report, 0);
     assert!(
         matches!(
             err.kind,

@@ -13,7 +13,7 @@ use harness::process::{Process, output};
 use harness::wait::outbox_at_least;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::producer::{order, orders_schema, orders_toml};
+use harness::producer::{order, orders_schema, orders_toml};
 
 /// The proxy's admin port, standing in: answers every request 200 and counts `POST /quitquitquit`
 /// (and anything else, which must not come).

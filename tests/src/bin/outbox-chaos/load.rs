@@ -16,6 +16,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use gcp_bigquery_client::model::table_data_insert_all_request::TableDataInsertAllRequest;
 use harness::bigquery::TestTable;
 use harness::ledger::DeliveryLedger;
+use harness::producer::KeyedStream;
 use outbox_shared::NewMessage;
 use sqlx::PgPool;
 
@@ -263,32 +264,14 @@ pub async fn feed_bigquery(
 
 /// The producer's streams file for the run's table and topic.
 pub fn streams_toml(table: &TestTable, topic: &str) -> String {
-    format!(
-        r#"[[stream]]
-name = "{STREAM}"
-query = """
-SELECT id, UNIX_MICROS(updated_at) AS updated_at_micros, customer, note, amount
-FROM {table}
-WHERE UNIX_MICROS(updated_at) > @watermark_ts
-   OR (UNIX_MICROS(updated_at) = @watermark_ts AND id > @watermark_key)
-ORDER BY updated_at_micros, id
-"""
-dedupe_key = ["id"]
-topic = "{topic}"
-ordering_key_column = "customer"
-
-[stream.cursor]
-timestamp_column = "updated_at_micros"
-key_column = "id"
-key_type = "INT64"
-
-[stream.attributes]
-columns = {{ note = "note" }}
-fixed = {{ source = "chaos" }}
-
-[stream.payload]
-columns = ["id", "customer", "amount"]
-"#,
-        table = table.name()
-    )
+    KeyedStream {
+        name: STREAM,
+        table,
+        topic,
+        columns: &["customer", "note", "amount"],
+        attribute: Some(("note", "chaos")),
+        payload: &["id", "customer", "amount"],
+        extra: "",
+    }
+    .toml()
 }

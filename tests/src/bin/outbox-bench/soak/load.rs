@@ -11,6 +11,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use gcp_bigquery_client::model::table_data_insert_all_request::TableDataInsertAllRequest;
 use harness::bigquery::TestTable;
 use harness::ledger::Arrival;
+use harness::producer::KeyedStream;
 use outbox_shared::{NewMessage, enqueue_batch, notify};
 use sqlx::PgPool;
 use tokio::process::{Child, Command};
@@ -127,31 +128,18 @@ pub(crate) async fn feed_bigquery(
     Ok(())
 }
 
+/// The producer's streams file for the soak's table and topic.
 pub(crate) fn streams_toml(table: &TestTable, topic: &str) -> String {
-    format!(
-        r#"[[stream]]
-name = "{STREAM}"
-query = """
-SELECT id, UNIX_MICROS(updated_at) AS updated_at_micros, customer, amount
-FROM {table}
-WHERE UNIX_MICROS(updated_at) > @watermark_ts
-   OR (UNIX_MICROS(updated_at) = @watermark_ts AND id > @watermark_key)
-ORDER BY updated_at_micros, id
-"""
-dedupe_key = ["id"]
-topic = "{topic}"
-ordering_key_column = "customer"
-
-[stream.cursor]
-timestamp_column = "updated_at_micros"
-key_column = "id"
-key_type = "INT64"
-
-[stream.payload]
-columns = ["id", "customer", "amount"]
-"#,
-        table = table.name()
-    )
+    KeyedStream {
+        name: STREAM,
+        table,
+        topic,
+        columns: &["customer", "amount"],
+        attribute: None,
+        payload: &["id", "customer", "amount"],
+        extra: "",
+    }
+    .toml()
 }
 
 /// `producer run` on a schedule, one execution at a time.
