@@ -2,21 +2,19 @@
 //!
 //! Asks BigQuery (a dry-run job, free) how many bytes the query would process, then runs the query
 //! (billed like a real run and capped by `maximum_bytes_billed`), maps every row and reports what
-//! would be enqueued or rejected, with a few sample messages. It reads the watermark but takes no
-//! lock and writes no ledger row. It cannot tell which messages the outbox already holds, so its
+//! would be enqueued or rejected, with a few sample messages. It reads the watermark by the run's rule
+//! (one the stream's key type cannot read fails it) but takes no lock and writes no ledger row. It cannot tell which messages the outbox already holds, so its
 //! `enqueued` counts every message that would be offered.
 
 use std::time::Instant;
 
-use outbox_shared::store::watermark;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
 use crate::bigquery::{Api, BigQuery};
 use crate::config::Stream;
-use crate::cursor::Position;
-use crate::errors::{InStream, StreamError};
-use crate::reader::StreamQuery;
+use crate::errors::StreamError;
+use crate::reader::{StreamQuery, stored_watermark};
 use crate::report::{StreamOutcome, StreamSummary};
 use crate::settings::Settings;
 
@@ -31,12 +29,11 @@ pub async fn dry_run_stream<A: Api>(
     let name = stream.name.as_str();
     let started = Instant::now();
     let mut conn = pool
-        .begin()
+        .acquire()
         .await
         .map_err(|e| StreamError::database(name, "connecting for the dry run", e))?;
-    let stored = watermark::get(&mut conn, name).await.in_stream(name)?;
+    let stored = stored_watermark(&mut conn, stream).await?.map(|(_, p)| p);
     drop(conn);
-    let stored = stored.and_then(|c| Position::from_cursor(&c, stream.cursor.key_type));
     let query = StreamQuery::new(stream, stored.as_ref(), settings);
 
     let estimate = query.estimate_bytes(bq).await?;

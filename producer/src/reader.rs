@@ -1,5 +1,6 @@
 //! The ordered row reader both modes iterate: from a stored watermark to mapped rows, in order.
 //!
+//! [`stored_watermark`] reads where the stream stands (one rule for both modes);
 //! [`StreamQuery::new`] computes the lower bound (the stored watermark, or `lookback` before it)
 //! and the query; [`StreamQuery::open`] runs it and resolves the mapping against the result's
 //! schema (every configured column is checked before anything is written); [`OrderedRows`] then
@@ -7,12 +8,40 @@
 //! in `(timestamp, key)` and after the lower bound (a query without the right ORDER BY / WHERE
 //! could lose rows).
 
+use outbox_shared::store::watermark::{self, Cursor};
+use sqlx::PgConnection;
+
 use crate::bigquery::{Api, BigQuery, Pages, QuerySpec};
 use crate::config::Stream;
 use crate::cursor::Position;
-use crate::errors::{ErrorKind, StreamError};
+use crate::errors::{ErrorKind, InStream, StreamError};
 use crate::mapping::{MappedRow, Mapper};
 use crate::settings::Settings;
+
+/// The stream's stored watermark, and the position it stands for (None before its first run).
+///
+/// One rule for a run and a dry run: a watermark the stream's `cursor.key_type` cannot read (a
+/// changed config) fails the stream. Reading from the start instead would re-read everything, and
+/// a run would offer every row again.
+pub(crate) async fn stored_watermark(
+    conn: &mut PgConnection,
+    stream: &Stream,
+) -> Result<Option<(Cursor, Position)>, StreamError> {
+    let name = stream.name.as_str();
+    let Some(cursor) = watermark::get(conn, name).await.in_stream(name)? else {
+        return Ok(None);
+    };
+    match Position::from_cursor(&cursor, stream.cursor.key_type) {
+        Some(position) => Ok(Some((cursor, position))),
+        None => {
+            let kind = ErrorKind::StoredWatermark {
+                key: cursor.key,
+                key_type: format!("{:?}", stream.cursor.key_type),
+            };
+            Err(StreamError::new(name, kind))
+        }
+    }
+}
 
 /// A stream's query from a stored watermark, not yet run.
 #[derive(Debug)]

@@ -38,7 +38,7 @@ use crate::config::{Commit, Stream};
 use crate::cursor::Position;
 use crate::errors::{ErrorKind, InStream, StreamError};
 use crate::mapping::MappedRow;
-use crate::reader::StreamQuery;
+use crate::reader::{StreamQuery, stored_watermark};
 use crate::report::{Progress, StreamOutcome, StreamSummary};
 use crate::settings::{OnOverlap, Settings};
 
@@ -77,19 +77,7 @@ pub async fn run_stream<A: Api>(
             }
         }
     }
-    let stored_cursor = watermark::get(&mut conn, name).await.in_stream(name)?;
-    let stored = match &stored_cursor {
-        None => None,
-        Some(c) => Some(
-            Position::from_cursor(c, stream.cursor.key_type).ok_or_else(|| {
-                let kind = ErrorKind::StoredWatermark {
-                    key: c.key.clone(),
-                    key_type: format!("{:?}", stream.cursor.key_type),
-                };
-                StreamError::new(name, kind)
-            })?,
-        ),
-    };
+    let (stored_cursor, stored) = stored_watermark(&mut conn, stream).await?.unzip();
     // Holding the lock, nobody else runs this stream: a `running` row is a dead execution's.
     let reason = format!(
         "its execution ended without closing the run (killed?); closed by {} when it took the stream's lock",

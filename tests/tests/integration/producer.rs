@@ -809,6 +809,41 @@ async fn a_dry_run_reports_what_would_be_enqueued_and_writes_nothing() {
 // ---------------------------------------------------------------- failures
 
 #[tokio::test]
+async fn a_stored_watermark_the_key_type_cannot_read_fails_the_run_and_the_dry_run_alike() {
+    let db = TestDb::new().await;
+    let table = TestTable::create(orders_schema()).await;
+    let config = load(&orders_toml(&table, "rekeyed", ""));
+    table
+        .insert(&(1..=3).map(|i| order(i, i)).collect::<Vec<_>>())
+        .await;
+    // An INT64-keyed stream whose stored key is not a number (its key type was changed).
+    sqlx::query(
+        "INSERT INTO producer_watermark (stream, cursor_micros, cursor_key) VALUES ('rekeyed', $1, 'ord-7')",
+    )
+    .bind(BASE_MICROS)
+    .execute(&db.pool)
+    .await
+    .expect("store the old watermark");
+    for dry_run in [false, true] {
+        let s = Settings {
+            dry_run,
+            ..settings(2)
+        };
+        let report = run_all(&db, &table, &config, &s).await;
+        let err = failure(&report, 0);
+        assert!(
+            matches!(&err.kind, ErrorKind::StoredWatermark { key, .. } if key == "ord-7"),
+            "dry run {dry_run}: the stream fails on its stored watermark, it does not read from the start: {err}"
+        );
+        assert!(
+            err.to_string().contains("reset producer_watermark"),
+            "the message says what to do: {err}"
+        );
+        assert!(outbox_keys(&db).await.is_empty(), "nothing enqueued");
+    }
+}
+
+#[tokio::test]
 async fn a_broken_config_file_is_refused_with_a_message_naming_the_stream() {
     let path = std::env::temp_dir().join(format!("{}.toml", env::unique_name("broken")));
     let broken = r#"
