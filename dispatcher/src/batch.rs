@@ -190,7 +190,7 @@ fn check<P: Publish>(
                 &m.payload,
                 &m.attributes,
                 m.ordering_key.as_deref(),
-                &d.settings.dedupe_attribute,
+                d.publisher.dedupe_attribute(),
                 &m.dedupe_key,
             )
             .err()

@@ -15,6 +15,7 @@ use outbox_shared::{
 
 use crate::config::{
     BatchSettings, BreakerSettings, DispatcherConfig, FaultSettings, Idle, PubsubConfig,
+    SkipDeadLetters,
 };
 
 /// pubsub-outbox dispatcher: drains the pubsub_outbox table to Google Cloud Pub/Sub, and the
@@ -188,14 +189,8 @@ pub struct DispatchArgs {
     #[arg(long, env = "OUTBOX_KEY_SCAN_LIMIT", default_value_t = 2000,
           value_parser = clap::value_parser!(i64).range(1..))]
     pub key_scan_limit: i64,
-    /// Topics (comma-separated) whose ordering keys skip a dead-lettered message instead of
-    /// blocking behind it. Default: every key blocks until an operator replays or discards.
-    #[arg(
-        long = "ordering-skip-dead-letters",
-        env = "OUTBOX_ORDERING_SKIP_DEAD_LETTERS",
-        value_delimiter = ','
-    )]
-    pub skip_dead_letter_topics: Vec<String>,
+    #[command(flatten)]
+    pub skip_dead_letters: SkipDeadLetters,
     /// Fault injection (testing a deployment's alerts and recovery): fail this fraction (0..=1)
     /// of message publishes on purpose, with --inject-failure-code. 0 (the default) disables it.
     /// Never set it in production.
@@ -291,7 +286,6 @@ impl TryFrom<&RunArgs> for DispatcherConfig {
                     Some(full("--topic", &a.topics)?)
                 },
                 retain_published: !a.retention.is_zero(),
-                dedupe_attribute: p.dedupe_attribute.clone(),
                 schedule: RetrySchedule {
                     base: a.backoff_base,
                     cap: a.backoff_cap,
@@ -301,7 +295,7 @@ impl TryFrom<&RunArgs> for DispatcherConfig {
                 key_scan_limit: a.key_scan_limit,
                 skip_dead_letter_topics: full(
                     "--ordering-skip-dead-letters",
-                    &a.skip_dead_letter_topics,
+                    &a.skip_dead_letters.topics,
                 )?,
             },
             pubsub: PubsubConfig {
@@ -311,7 +305,6 @@ impl TryFrom<&RunArgs> for DispatcherConfig {
                 publish_timeout: p.publish_timeout,
                 dedupe_attribute: p.dedupe_attribute.clone(),
                 publish_delay: p.publish_delay,
-                lanes: usize::from(a.workers),
             },
             workers: usize::from(a.workers),
             max_inflight_bytes: a.max_inflight_bytes,

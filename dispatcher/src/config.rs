@@ -112,6 +112,22 @@ impl DispatcherConfig {
     }
 }
 
+/// `--ordering-skip-dead-letters`, one declaration for the two commands that read it: `run` (its
+/// claims) and `status` (what it reports as blocking), so both name the same topics the same way.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct SkipDeadLetters {
+    /// Topics (comma-separated) whose ordering keys skip a dead-lettered message instead of
+    /// blocking behind it (`status` then reports their dead letters as not blocking). Default:
+    /// every key blocks until an operator replays or discards.
+    #[arg(
+        id = "ordering_skip_dead_letters",
+        long = "ordering-skip-dead-letters",
+        env = "OUTBOX_ORDERING_SKIP_DEAD_LETTERS",
+        value_delimiter = ','
+    )]
+    pub topics: Vec<String>,
+}
+
 /// What one batch does.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BatchSettings {
@@ -121,8 +137,6 @@ pub struct BatchSettings {
     pub topics: Option<Vec<String>>,
     /// Keep published rows (marked) instead of deleting them.
     pub retain_published: bool,
-    /// The dedupe attribute name (counted against the attribute limits).
-    pub dedupe_attribute: String,
     /// The retry schedule.
     pub schedule: RetrySchedule,
     /// Ordering keys visited per ordered claim.
@@ -137,7 +151,6 @@ impl Default for BatchSettings {
             batch_size: 500,
             topics: None,
             retain_published: false,
-            dedupe_attribute: DEFAULT_DEDUPE_ATTRIBUTE.to_owned(),
             schedule: RetrySchedule::default(),
             key_scan_limit: 2000,
             skip_dead_letter_topics: Vec::new(),
@@ -156,12 +169,11 @@ pub struct PubsubConfig {
     pub project: String,
     /// Upper bound on one batch publish, client retries included.
     pub publish_timeout: Duration,
-    /// The attribute carrying the dedupe key.
+    /// The attribute carrying the dedupe key (the one place it is set: the batch asks the
+    /// publisher, [`crate::publisher::Publish::dedupe_attribute`]).
     pub dedupe_attribute: String,
     /// How long the client may wait to fill a request.
     pub publish_delay: Duration,
-    /// Publisher lanes (one per worker, so every worker can have a request in flight).
-    pub lanes: usize,
 }
 
 impl Default for PubsubConfig {
@@ -173,7 +185,6 @@ impl Default for PubsubConfig {
             publish_timeout: Duration::from_secs(20),
             dedupe_attribute: DEFAULT_DEDUPE_ATTRIBUTE.to_owned(),
             publish_delay: Duration::from_millis(5),
-            lanes: 4,
         }
     }
 }

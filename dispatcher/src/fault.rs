@@ -204,4 +204,8 @@ impl<P: Publish> Publish for FaultInjector<P> {
     async fn probe(&self, topic: &str) -> Result<(), ProbeError> {
         self.inner.probe(topic).await
     }
+
+    fn dedupe_attribute(&self) -> &str {
+        self.inner.dedupe_attribute()
+    }
 }

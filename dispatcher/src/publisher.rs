@@ -48,6 +48,9 @@ pub trait Publish: Send + Sync + 'static {
     fn publish_apart(&self, batch: &[ClaimedMessage]) -> impl Future<Output = BatchResult> + Send;
     /// Whether the broker answers at all (used to tell an outage from a bad message).
     fn probe(&self, topic: &str) -> impl Future<Output = Result<(), ProbeError>> + Send;
+    /// The attribute it adds to every message, carrying the dedupe key (the batch counts it
+    /// against Pub/Sub's attribute limits before publishing).
+    fn dedupe_attribute(&self) -> &str;
 }
 
 /// Why a probe did not confirm that Pub/Sub answers.
@@ -107,12 +110,13 @@ impl ProbeClock {
 /// Lanes of unkeyed publishers (one per topic in each), one lane per concurrent caller (worker):
 /// the client's `flush()` waits for every in-flight batch of *its* publisher before it reads its
 /// queue again, so workers sharing one publisher would get one request in flight per process.
-/// Each call takes a free lane for its whole batch and gives it back after.
-#[derive(Debug)]
+/// Each call takes a free lane for its whole batch and gives it back after; a call that finds
+/// none free makes one, so there are as many lanes as calls ever ran at once (the workers), with
+/// no count to configure.
+#[derive(Debug, Default)]
 struct Lanes {
     topics: Vec<HashMap<String, Publisher>>,
     free: Vec<usize>,
-    next: usize,
 }
 
 /// A lane taken for one publish; given back when dropped.
@@ -127,9 +131,7 @@ impl Drop for LaneGuard<'_> {
             Ok(l) => l,
             Err(poisoned) => poisoned.into_inner(),
         };
-        if !lanes.free.contains(&self.lane) {
-            lanes.free.push(self.lane);
-        }
+        lanes.free.push(self.lane);
     }
 }
 
@@ -189,11 +191,7 @@ impl PubsubPublisher {
         Ok(Self {
             base,
             admin,
-            lanes: Arc::new(Mutex::new(Lanes {
-                topics: (0..args.lanes.max(1)).map(|_| HashMap::new()).collect(),
-                free: (0..args.lanes.max(1)).rev().collect(),
-                next: 0,
-            })),
+            lanes: Arc::default(),
             timeout: args.publish_timeout,
             delay: args.publish_delay,
             dedupe_attribute: args.dedupe_attribute.clone(),
@@ -212,7 +210,7 @@ impl PubsubPublisher {
             .build()
     }
 
-    /// Takes a free lane (or, with more callers than lanes, shares one round-robin) and picks a
+    /// Takes a free lane (or makes one) and picks a
     /// publisher for every message of `batch` (in order): the lane's publisher of the topic for
     /// an unkeyed message, for a keyed one a publisher of the topic built for this batch alone
     /// (see the module doc).
@@ -224,8 +222,8 @@ impl PubsubPublisher {
         let lane = match lanes.free.pop() {
             Some(lane) => lane,
             None => {
-                lanes.next = (lanes.next + 1) % lanes.topics.len();
-                lanes.next
+                lanes.topics.push(HashMap::new());
+                lanes.topics.len() - 1
             }
         };
         let unkeyed = &mut lanes.topics[lane];
@@ -379,6 +377,10 @@ impl Publish for PubsubPublisher {
                 self.endpoint
             ))),
         }
+    }
+
+    fn dedupe_attribute(&self) -> &str {
+        &self.dedupe_attribute
     }
 }
 

@@ -13,6 +13,8 @@ use outbox_shared::store::{pause, replica, status};
 use serde::Serialize;
 use sqlx::PgPool;
 
+use crate::config::SkipDeadLetters;
+
 /// A replica whose heartbeat is older than this is shown as gone.
 pub const STALE_AFTER: Duration = Duration::from_secs(30);
 
@@ -24,14 +26,8 @@ pub struct StatusArgs {
     /// Warn about transactions open longer than this (they hold back vacuum on the outbox).
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     pub long_transaction: Duration,
-    /// Topics whose keys skip dead letters (as the dispatchers run them), so their dead letters
-    /// are not reported as blocking.
-    #[arg(
-        long = "ordering-skip-dead-letters",
-        env = "OUTBOX_ORDERING_SKIP_DEAD_LETTERS",
-        value_delimiter = ','
-    )]
-    pub skip_dead_letter_topics: Vec<String>,
+    #[command(flatten)]
+    pub skip_dead_letters: SkipDeadLetters,
 }
 
 /// A replica as `status` reports it.
@@ -85,7 +81,7 @@ impl Command for StatusArgs {
     fn check(&self, _now: DateTime<Utc>) -> Result<Settings, OpsError> {
         Ok(Settings {
             long_transaction: self.long_transaction,
-            skip_dead_letter_topics: self.skip_dead_letter_topics.clone(),
+            skip_dead_letter_topics: self.skip_dead_letters.topics.clone(),
         })
     }
 

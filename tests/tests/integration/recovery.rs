@@ -179,6 +179,9 @@ impl Publish for Wedged {
     async fn probe(&self, _topic: &str) -> Result<(), ProbeError> {
         Ok(())
     }
+    fn dedupe_attribute(&self) -> &str {
+        outbox_shared::DEFAULT_DEDUPE_ATTRIBUTE
+    }
 }
 
 #[tokio::test]

@@ -31,7 +31,6 @@ async fn a_process_keeps_several_publish_requests_in_flight_to_a_slow_sink() {
     enqueue_numbered(&db.pool, &topic.topic, 2000).await;
     let mut config = test_dispatcher::config_for(&proxy.addr());
     config.workers = 4;
-    config.pubsub.lanes = 4;
     config.batch.batch_size = 50;
     let publisher = test_dispatcher::publisher_at(&proxy.addr()).await;
     let service = Running::start(test_dispatcher::build_service(&db, publisher, config).await);

@@ -239,7 +239,6 @@ fn config(args: &DispatchArgs) -> DispatcherConfig {
         pubsub: PubsubConfig {
             publish_timeout: args.publish_timeout,
             publish_delay: args.publish_delay,
-            lanes: args.workers,
             ..PubsubConfig::emulator(&args.pubsub_emulator_host, &args.pubsub_project)
         },
         workers: args.workers,
