@@ -168,20 +168,43 @@ pub struct OrderedBatch {
     pub saturated_keys: usize,
 }
 
-type KeyedRow = (
-    Option<String>,
-    Option<String>,
-    i64,
-    Option<i64>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<Vec<u8>>,
-    Option<sqlx::types::Json<Attributes>>,
-    Option<i32>,
-    Option<DateTime<Utc>>,
-    Option<DateTime<Utc>>,
-);
+#[derive(sqlx::FromRow)]
+struct KeyedRow {
+    /// Where the walk stopped (the next claim resumes after it) and how many keys it visited.
+    last_topic: Option<String>,
+    last_key: Option<String>,
+    visited: i64,
+    /// A claimed row; all NULL when no key was picked.
+    id: Option<i64>,
+    topic: Option<String>,
+    ordering_key: Option<String>,
+    dedupe_key: Option<String>,
+    payload: Option<Vec<u8>>,
+    attributes: Option<sqlx::types::Json<Attributes>>,
+    attempts: Option<i32>,
+    created_at: Option<DateTime<Utc>>,
+    next_attempt_at: Option<DateTime<Utc>>,
+}
+
+impl KeyedRow {
+    /// The claimed message and when it is due, unless this is the walk's row alone.
+    fn claimed(self) -> Option<(ClaimedMessage, DateTime<Utc>)> {
+        let message = ClaimedMessage {
+            id: self.id?,
+            topic: self.topic?,
+            ordering_key: self.ordering_key,
+            dedupe_key: self.dedupe_key?,
+            payload: self.payload?,
+            attributes: self.attributes?.0,
+            attempts: self.attempts?,
+            created_at: self.created_at?,
+        };
+        Some((message, self.next_attempt_at?))
+    }
+}
+
+/// The ordered claim's statement (its steps are commented in the file).
+const CLAIM_ORDERED: &str = include_str!("sql/claim_ordered.sql");
 
 /// Claims whole ordering keys (see the module doc) and returns the publishable prefix of each:
 /// its rows from the head in id order, up to the first row not yet due.
@@ -192,154 +215,33 @@ pub async fn claim_ordered(
     cursor: &KeyCursor,
 ) -> Result<OrderedBatch> {
     let f = &claim.filter;
-    // heads: a recursive skip-scan over (topic, ordering_key, id) visiting one head per key,
-    // evaluated lazily: it stops once `limit` keys are picked. picked: keys whose head is due, not
-    // blocked by a dead letter, and not locked by another worker (the head row lock is the key
-    // lock; the lateral locks a head only once its key qualifies).
-    let rows: Vec<KeyedRow> = sqlx::query_as(
-        "WITH RECURSIVE heads(id, topic, ordering_key, due, n) AS (
-             (SELECT o.id, o.topic, o.ordering_key, o.next_attempt_at, 1
-              FROM pubsub_outbox o
-              WHERE o.published_at IS NULL AND o.ordering_key IS NOT NULL
-                AND (o.topic, o.ordering_key) > ($1, $2)
-              ORDER BY o.topic, o.ordering_key, o.id
-              LIMIT 1)
-             UNION ALL
-             SELECT nx.id, nx.topic, nx.ordering_key, nx.next_attempt_at, h.n + 1
-             FROM heads h
-             CROSS JOIN LATERAL (
-                 SELECT o.id, o.topic, o.ordering_key, o.next_attempt_at
-                 FROM pubsub_outbox o
-                 WHERE o.published_at IS NULL AND o.ordering_key IS NOT NULL
-                   AND (o.topic, o.ordering_key) > (h.topic, h.ordering_key)
-                 ORDER BY o.topic, o.ordering_key, o.id
-                 LIMIT 1) nx
-             WHERE h.n < $3
-         ),
-         -- A dead letter holds back the rows of its key after its own place (its outbox id;
-         -- none: all of them), unless its topic skips dead letters: `stop`, the key's first
-         -- dead-letter position, is where the key's claimable rows end.
-         stops AS (
-             SELECT h.id, h.topic, h.ordering_key, h.n,
-                    CASE WHEN h.topic = ANY($6) THEN NULL ELSE (
-                        SELECT min(COALESCE(d.outbox_id, 0)) FROM pubsub_outbox_dead_letter d
-                        WHERE d.topic = h.topic AND d.ordering_key = h.ordering_key) END AS stop
-             FROM heads h
-             WHERE h.due <= $4
-               AND ($5::text[] IS NULL OR h.topic = ANY($5))
-               AND NOT (h.topic = ANY(ARRAY(SELECT p.topic FROM pubsub_outbox_paused_topic p)))
-         ),
-         picked AS MATERIALIZED (
-             SELECT h.id, h.topic, h.ordering_key, h.n, h.stop
-             FROM stops h
-             CROSS JOIN LATERAL (
-                 SELECT o.id FROM pubsub_outbox o
-                 WHERE o.id = h.id AND o.published_at IS NULL AND o.next_attempt_at <= $4
-                 FOR UPDATE OF o SKIP LOCKED) head
-             WHERE h.stop IS NULL OR h.id < h.stop
-             LIMIT $8
-         ),
-         share AS (SELECT GREATEST(1, $7 / GREATEST(1, (SELECT count(*) FROM picked)))::bigint AS per_key),
-         -- Each picked key's first rows (one more than its share tells whether it has more): a
-         -- range walk of the key index from the key's head, read without locks (the head's lock
-         -- is the key's) and cut to the key; then locked by id. Without an equality on the key
-         -- no other index can give this order (the module doc: plans that cannot collapse).
-         key_rows AS (
-             SELECT r.id FROM picked p
-             CROSS JOIN LATERAL (
-                 SELECT o.id, o.topic, o.ordering_key
-                 FROM pubsub_outbox o
-                 WHERE o.published_at IS NULL AND o.ordering_key IS NOT NULL
-                   AND (o.topic, o.ordering_key, o.id) >= (p.topic, p.ordering_key, p.id)
-                 ORDER BY o.topic, o.ordering_key, o.id
-                 LIMIT (SELECT per_key + 1 FROM share)) r
-             WHERE r.topic = p.topic AND r.ordering_key = p.ordering_key
-               AND (p.stop IS NULL OR r.id < p.stop)
-         ),
-         claimed AS (
-             SELECT o.id, o.topic, o.ordering_key, o.dedupe_key, o.payload, o.attributes,
-                    o.attempts, o.created_at, o.next_attempt_at
-             FROM pubsub_outbox o
-             WHERE o.id = ANY(ARRAY(SELECT id FROM key_rows)) AND o.published_at IS NULL
-             FOR UPDATE OF o
-         ),
-         -- Resume after the last key picked when the batch filled up (the walk stopped there);
-         -- otherwise after the last key visited, or from the start when the walk reached the end.
-         walk AS (
-             SELECT CASE WHEN (SELECT count(*) FROM picked) >= $8
-                         THEN (SELECT ARRAY[topic, ordering_key] FROM picked ORDER BY n DESC LIMIT 1)
-                         ELSE (SELECT ARRAY[topic, ordering_key] FROM heads ORDER BY n DESC LIMIT 1) END AS last,
-                    CASE WHEN (SELECT count(*) FROM picked) >= $8 THEN $3::bigint
-                         ELSE (SELECT count(*) FROM heads) END AS visited
-         )
-         SELECT w.last[1], w.last[2], w.visited,
-                c.id, c.topic, c.ordering_key, c.dedupe_key, c.payload, c.attributes, c.attempts,
-                c.created_at, c.next_attempt_at
-         FROM walk w LEFT JOIN claimed c ON true
-         ORDER BY c.topic, c.ordering_key, c.id",
-    )
-    .persistent(crate::store::named_statements())
-    .bind(&cursor.topic)
-    .bind(&cursor.ordering_key)
-    .bind(claim.scan_limit)
-    .bind(f.now)
-    .bind(f.topics)
-    .bind(claim.skip_dead_letter_topics)
-    .bind(f.limit)
-    .bind(claim.max_keys.clamp(1, f.limit.max(1)))
-    .fetch_all(&mut *conn)
-    .await
-    .context("claiming ordering keys from pubsub_outbox")?;
+    // The statement and its steps: sql/claim_ordered.sql.
+    let rows: Vec<KeyedRow> = sqlx::query_as(CLAIM_ORDERED)
+        .persistent(crate::store::named_statements())
+        .bind(&cursor.topic)
+        .bind(&cursor.ordering_key)
+        .bind(claim.scan_limit)
+        .bind(f.now)
+        .bind(f.topics)
+        .bind(claim.skip_dead_letter_topics)
+        .bind(f.limit)
+        .bind(claim.max_keys.clamp(1, f.limit.max(1)))
+        .fetch_all(&mut *conn)
+        .await
+        .context("claiming ordering keys from pubsub_outbox")?;
 
     let mut scanned = 0;
     let mut last: Option<(String, String)> = None;
     let mut found = Vec::new();
-    for row in rows {
-        let (
-            last_topic,
-            last_key,
-            n,
-            id,
-            topic,
-            key,
-            dedupe,
-            payload,
-            attributes,
-            attempts,
-            created_at,
-            due,
-        ) = row;
-        scanned = n;
-        if let (Some(t), Some(k)) = (last_topic, last_key) {
+    for mut row in rows {
+        scanned = row.visited;
+        if let (Some(t), Some(k)) = (row.last_topic.take(), row.last_key.take()) {
             last = Some((t, k));
         }
         // The LEFT JOIN yields one all-NULL row when no key was picked.
-        let (
-            Some(id),
-            Some(topic),
-            Some(dedupe_key),
-            Some(payload),
-            Some(attributes),
-            Some(attempts),
-            Some(created_at),
-            Some(due),
-        ) = (
-            id, topic, dedupe, payload, attributes, attempts, created_at, due,
-        )
-        else {
-            continue;
-        };
-        let message = ClaimedMessage {
-            id,
-            topic,
-            ordering_key: key,
-            dedupe_key,
-            payload,
-            attributes: attributes.0,
-            attempts,
-            created_at,
-        };
-        found.push((message, due));
+        if let Some(claimed) = row.claimed() {
+            found.push(claimed);
+        }
     }
     let (found, saturated_keys) = truncate_shares(found, f.limit);
     let messages = publishable_prefixes(found, f.now);
