@@ -30,9 +30,9 @@ use sqlx::PgConnection;
 
 use crate::classify::{FailureKind, PublishFailure};
 use crate::decide::{self, Attempt, Decision, Policy};
+use crate::dispatch::Dispatch;
 use crate::error::DispatcherError;
 use crate::publisher::{BatchResult, Publish};
-use crate::worker::Dispatch;
 
 /// What one batch did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

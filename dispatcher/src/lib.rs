@@ -23,6 +23,7 @@ pub mod classify;
 pub mod cli;
 pub mod config;
 mod decide;
+mod dispatch;
 pub mod error;
 pub mod fault;
 mod liveness;

@@ -21,11 +21,12 @@ use outbox_runtime::shutdown::Shutdown;
 
 use crate::batch::{self, BatchOutcome};
 use crate::config::DispatcherConfig;
+use crate::dispatch::Dispatch;
 use crate::error::DispatcherError;
 use crate::metrics::Metrics;
 use crate::publisher::Publish;
 use crate::tasks;
-use crate::worker::{self, Dispatch};
+use crate::worker;
 
 /// A dispatcher ready to run.
 #[derive(Debug)]

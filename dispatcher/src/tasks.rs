@@ -18,9 +18,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 
 use crate::breaker::Breaker;
+use crate::dispatch::Dispatch;
 use crate::metrics::{Labels, Metrics};
 use crate::publisher::Publish;
-use crate::worker::Dispatch;
 
 /// Cap on the backlog count (an index-only scan that stops here).
 const BACKLOG_CAP: i64 = 1_000_000;

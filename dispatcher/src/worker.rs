@@ -1,225 +1,16 @@
-//! The state the workers of a process share ([`Dispatch`]: the pool, the publisher, the breaker,
-//! the byte budget, the key walk, the heartbeats) and the worker loop around the unit of work
-//! (`crate::batch::run_batch`).
+//! The worker loop: runs the unit of work (`crate::batch::run_batch`) until shutdown, waking on
+//! NOTIFY or the shared poll interval when idle, backing off after a failed batch.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use chrono::Utc;
-use sqlx::PgPool;
-use tokio::sync::{Notify, Semaphore};
-
 use outbox_runtime::shutdown::Shutdown;
-use outbox_shared::store::claim::KeyCursor;
+use tokio::sync::Notify;
 
-use crate::batch::BatchOutcome;
-use crate::breaker::Breaker;
-use crate::config::{BatchSettings, DispatcherConfig, Idle};
-use crate::liveness::Heartbeats;
-use crate::metrics::Metrics;
+use crate::batch::{BatchOutcome, run_batch};
+use crate::dispatch::Dispatch;
 use crate::publisher::Publish;
-use outbox_shared::store::claim::ClaimSession;
-
-/// Everything a worker shares with the other workers of its process.
-#[derive(Debug)]
-pub(crate) struct Dispatch<P> {
-    pub(crate) pool: PgPool,
-    pub(crate) publisher: Arc<P>,
-    pub(crate) settings: BatchSettings,
-    pub(crate) metrics: Arc<Metrics>,
-    pub(crate) breaker: Arc<Breaker>,
-    pub(crate) heartbeats: Heartbeats,
-    pub(crate) inflight: ByteBudget,
-    pub(crate) keys: KeyWalk,
-    pub(crate) stall_probe_after: Duration,
-    /// How claim transactions begin (their session settings).
-    pub(crate) claim_session: ClaimSession,
-    /// Batches claimed and not yet settled, and their rows (for the replica heartbeat).
-    in_flight: (AtomicI32, AtomicI32),
-    /// The idle workers' shared poll interval.
-    pub(crate) idle: SharedIdle,
-    /// Writers' NOTIFYs wake the workers (LISTEN is on).
-    pub(crate) listening: bool,
-}
-
-impl<P: Publish> Dispatch<P> {
-    /// Assembles the shared state of `config.workers` workers.
-    pub(crate) fn new(
-        pool: PgPool,
-        publisher: Arc<P>,
-        config: &DispatcherConfig,
-        metrics: Arc<Metrics>,
-    ) -> Self {
-        let breaker = Arc::new(Breaker::new(
-            config.breaker.cooldown,
-            config.breaker.max_cooldown,
-            metrics.breaker_open.clone(),
-        ));
-        Self {
-            pool,
-            publisher,
-            settings: config.batch.clone(),
-            metrics,
-            breaker,
-            heartbeats: Heartbeats::new(config.workers),
-            inflight: ByteBudget::new(config.max_inflight_bytes),
-            keys: KeyWalk::new(config.batch.batch_size),
-            stall_probe_after: config.stall_probe_after,
-            claim_session: ClaimSession::new(config.lock_timeout),
-            in_flight: (AtomicI32::new(0), AtomicI32::new(0)),
-            idle: SharedIdle::new(config.idle),
-            listening: config.notify_channel.is_some(),
-        }
-    }
-}
-
-impl<P> Dispatch<P> {
-    /// Counts a claimed batch of `rows` as in flight until the guard drops.
-    pub(crate) fn hold(&self, rows: usize) -> InFlight<'_> {
-        let rows = i32::try_from(rows).unwrap_or(i32::MAX);
-        self.in_flight.0.fetch_add(1, Ordering::Relaxed);
-        self.in_flight.1.fetch_add(rows, Ordering::Relaxed);
-        InFlight {
-            counters: &self.in_flight,
-            rows,
-        }
-    }
-
-    /// (batches, rows) in flight now.
-    pub(crate) fn in_flight(&self) -> (i32, i32) {
-        (
-            self.in_flight.0.load(Ordering::Relaxed),
-            self.in_flight.1.load(Ordering::Relaxed),
-        )
-    }
-}
-
-/// A batch counted as in flight; uncounted when dropped (settled, failed or abandoned).
-pub(crate) struct InFlight<'a> {
-    counters: &'a (AtomicI32, AtomicI32),
-    rows: i32,
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.counters.0.fetch_sub(1, Ordering::Relaxed);
-        self.counters.1.fetch_sub(self.rows, Ordering::Relaxed);
-    }
-}
-
-/// Bounds the payload bytes in flight across workers (permits are KiB).
-#[derive(Debug)]
-pub(crate) struct ByteBudget {
-    kib: Semaphore,
-    total_kib: u32,
-}
-
-impl ByteBudget {
-    fn new(max_bytes: u64) -> Self {
-        let total_kib = u32::try_from(max_bytes / 1024).unwrap_or(u32::MAX).max(1);
-        Self {
-            kib: Semaphore::new(total_kib as usize),
-            total_kib,
-        }
-    }
-
-    /// Waits until `bytes` fit (a batch larger than the whole budget waits for all of it).
-    pub(crate) async fn reserve(&self, bytes: usize) -> Option<tokio::sync::SemaphorePermit<'_>> {
-        let kib = u32::try_from(bytes.div_ceil(1024))
-            .unwrap_or(u32::MAX)
-            .clamp(1, self.total_kib);
-        // The semaphore is never closed, so acquiring only fails if it were; publish anyway then.
-        self.kib.acquire_many(kib).await.ok()
-    }
-}
-
-/// The fewest ordering keys a claim adapts down to.
-const MIN_KEYS_PER_CLAIM: i64 = 4;
-
-/// The round-robin walk over ordering keys, shared by the workers of a process so they spread
-/// over the keys, and the number of keys per claim, adapted to the backlog's shape.
-#[derive(Debug)]
-pub(crate) struct KeyWalk {
-    cursor: std::sync::Mutex<KeyCursor>,
-    keys_per_claim: AtomicI64,
-    batch_size: i64,
-}
-
-impl KeyWalk {
-    fn new(batch_size: i64) -> Self {
-        Self {
-            cursor: std::sync::Mutex::default(),
-            keys_per_claim: AtomicI64::new(batch_size.max(1)),
-            batch_size,
-        }
-    }
-
-    /// Where the next ordered claim starts and how many keys it may take.
-    pub(crate) fn next(&self) -> (KeyCursor, i64) {
-        let cursor = self.cursor.lock().map(|c| c.clone()).unwrap_or_default();
-        (cursor, self.keys_per_claim.load(Ordering::Relaxed))
-    }
-
-    /// Learns from a claim that took `keys` keys (`saturated` of them had more rows than their
-    /// share) with at most `max_keys`: when most keys were deep, take fewer keys (more rows each,
-    /// fewer publish requests, and keys left for other workers); when the key limit was the
-    /// bottleneck, take more.
-    pub(crate) fn learn(&self, keys: usize, saturated: usize, max_keys: i64, next: KeyCursor) {
-        let adjusted = if keys > 0 && saturated * 2 > keys {
-            (max_keys / 2).max(MIN_KEYS_PER_CLAIM.min(self.batch_size))
-        } else if keys as i64 >= max_keys {
-            (max_keys * 2).min(self.batch_size)
-        } else {
-            max_keys
-        };
-        self.keys_per_claim.store(adjusted, Ordering::Relaxed);
-        if let Ok(mut c) = self.cursor.lock() {
-            *c = next;
-        }
-    }
-}
-
-/// How long idle workers sleep between polls, shared by the workers of a process: any worker
-/// that finds rows resets it to `--poll-interval`, an idle one that found nothing doubles it up to
-/// `--max-poll-interval`. (Per-worker waits let a worker back off to the maximum while the others
-/// kept finding rows, which gave poll-only mode a tail of the maximum wait.)
-#[derive(Debug)]
-pub(crate) struct SharedIdle {
-    wait_ms: AtomicU64,
-    idle: Idle,
-}
-
-impl SharedIdle {
-    pub(crate) fn new(idle: Idle) -> Self {
-        Self {
-            wait_ms: AtomicU64::new(millis(idle.poll_interval)),
-            idle,
-        }
-    }
-
-    fn current(&self) -> Duration {
-        Duration::from_millis(self.wait_ms.load(Ordering::Relaxed))
-    }
-
-    fn found_work(&self) {
-        self.wait_ms
-            .store(millis(self.idle.poll_interval), Ordering::Relaxed);
-    }
-
-    fn found_nothing(&self) {
-        let max = millis(self.idle.max_poll_interval);
-        let _ = self
-            .wait_ms
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
-                Some(w.saturating_mul(2).clamp(1, max.max(1)))
-            });
-    }
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
 
 /// Runs batches until shutdown: back-to-back while there is work, waiting on NOTIFY or the shared
 /// poll interval while idle or after a batch under a quarter full (with LISTEN on). One NOTIFY wakes one idle worker; a worker that claimed a full batch
@@ -243,7 +34,7 @@ pub(crate) async fn work<P: Publish>(
             break;
         }
         let notified = wakeup.notified();
-        match crate::batch::run_batch(&d, Utc::now()).await {
+        match run_batch(&d, Utc::now()).await {
             Ok(BatchOutcome::Settled(s)) => {
                 tracing::debug!(
                     worker,
