@@ -122,6 +122,7 @@ pub struct SkipDeadLetters {
     #[arg(
         id = "ordering_skip_dead_letters",
         long = "ordering-skip-dead-letters",
+        value_name = "TOPICS",
         env = "OUTBOX_ORDERING_SKIP_DEAD_LETTERS",
         value_delimiter = ','
     )]
