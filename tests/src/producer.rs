@@ -67,8 +67,11 @@ pub fn orders_toml(table: &TestTable, name: &str, extra: &str) -> String {
 /// chaos run's and the soak's tables), read from its watermark in cursor order.
 #[derive(Debug, Clone, Copy)]
 pub struct KeyedStream<'a> {
+    /// The stream's name (its dedupe keys are `<name>:<id>`).
     pub name: &'a str,
+    /// The BigQuery table it reads.
     pub table: &'a TestTable,
+    /// The Pub/Sub topic it writes to.
     pub topic: &'a str,
     /// Selected after `id` and the cursor.
     pub columns: &'a [&'a str],
