@@ -353,7 +353,15 @@ pub async fn run_schedule(
             Fault::PauseTopic(d) => {
                 let topic = stack.app.topic.as_str();
                 stack
-                    .operator(&["pause", topic, "--reason", "chaos: pause mid-run"])
+                    // The topic is the chaos run's own: at this instant it may hold no row (all
+                    // published and deleted), so it is named as one the run knows exists.
+                    .operator(&[
+                        "pause",
+                        topic,
+                        "--new-topic",
+                        "--reason",
+                        "chaos: pause mid-run",
+                    ])
                     .await?;
                 tokio::time::sleep(*d).await;
                 stack
