@@ -9,7 +9,9 @@
 //! - [`ledger`]: the delivery verdict (lost, invented, duplicates, per-key order).
 //! - [`proxy`]: network failures the real services cannot produce on demand (publish faults:
 //!   `outbox_dispatcher::fault`); [`http_faults`]: scripted HTTP failures (HTML 502, bare 503) in
-//!   front of bqemulator; [`process`]: the binaries as child processes, for signal tests.
+//!   front of bqemulator; [`process`]: every child process (one builder: environment, log file,
+//!   the bound address read back from the log); [`operator`]: the operator commands as on-call
+//!   runs them.
 //! - [`bigquery`]: tables on bqemulator; [`producer`]: the producer's fixtures (the orders table
 //!   and stream, settings, an in-process run, the watermark and outbox reads).
 
@@ -22,6 +24,7 @@ pub mod env;
 pub mod fixtures;
 pub mod http_faults;
 pub mod ledger;
+pub mod operator;
 pub mod pgbouncer;
 pub mod process;
 pub mod producer;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::process::{Child, Command};
 
-use crate::process::unused_low_port;
+use crate::process::ReservedPort;
 
 /// Debian's binary (in /usr/sbin, which a non-root PATH may lack).
 const PGBOUNCER: &str = "/usr/sbin/pgbouncer";
@@ -16,7 +16,7 @@ const PGBOUNCER: &str = "/usr/sbin/pgbouncer";
 #[derive(Debug)]
 pub struct PgBouncer {
     child: Child,
-    port: u16,
+    port: ReservedPort,
     dir: PathBuf,
 }
 
@@ -36,7 +36,7 @@ impl PgBouncer {
         let admin: sqlx::postgres::PgConnectOptions = crate::env::database_url()
             .parse()
             .expect("DATABASE_URL parses");
-        let port = unused_low_port();
+        let port = ReservedPort::new();
         let dir = std::env::temp_dir().join(crate::env::unique_name("pgbouncer"));
         std::fs::create_dir_all(&dir).expect("create the PgBouncer folder");
         let user = admin.get_username().to_owned();
@@ -48,13 +48,14 @@ impl PgBouncer {
         };
         let config = format!(
             "[databases]\n* = host={host} port={server_port}\n\n[pgbouncer]\n\
-             listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
+             listen_addr = 127.0.0.1\nlisten_port = {listen_port}\nunix_socket_dir =\n\
              auth_type = trust\nauth_file = {dir}/userlist.txt\npool_mode = {mode}\n\
              max_client_conn = 500\ndefault_pool_size = {servers}\nmin_pool_size = 0\n\
              logfile = {dir}/pgbouncer.log\nadmin_users = {user}\n",
             host = admin.get_host(),
             server_port = admin.get_port(),
             dir = dir.display(),
+            listen_port = port.port(),
         );
         std::fs::write(dir.join("pgbouncer.ini"), config).expect("write pgbouncer.ini");
         std::fs::write(dir.join("userlist.txt"), format!("\"{user}\" \"\"\n"))
@@ -90,7 +91,7 @@ impl PgBouncer {
             "PgBouncer accepts connections",
             Duration::from_secs(10),
             || {
-                let addr = format!("127.0.0.1:{port}");
+                let addr = format!("127.0.0.1:{}", bouncer.port.port());
                 async move {
                     tokio::net::TcpStream::connect(addr)
                         .await
@@ -108,7 +109,7 @@ impl PgBouncer {
         let admin: sqlx::postgres::PgConnectOptions = url.parse().expect("a postgres URL");
         let direct = format!("{}:{}", admin.get_host(), admin.get_port());
         assert!(url.contains(&direct), "{url} names {direct}");
-        url.replacen(&direct, &format!("127.0.0.1:{}", self.port), 1)
+        url.replacen(&direct, &format!("127.0.0.1:{}", self.port.port()), 1)
     }
 
     /// PgBouncer's log (for assertion messages).

@@ -8,12 +8,13 @@
 //! with the token each file type must produce.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use harness::bigquery::TestTable;
 use harness::db::TestDb;
 use harness::env;
 use harness::http_faults::HttpFaults;
-use harness::process::output_without;
+use harness::process::Spawn;
 use harness::token_server::{
     FEDERATED_TOKEN, IMPERSONATED_TOKEN, TokenRequest, TokenServer, USER_TOKEN,
 };
@@ -51,9 +52,8 @@ async fn run_with(tokens: &TokenServer, dir: &Path, adc: serde_json::Value) -> O
     std::fs::write(&adc_file, adc.to_string()).expect("write the credentials file");
     let upstream = env::bigquery_emulator_host();
     let bigquery = HttpFaults::start(upstream.trim_start_matches("http://")).await;
-    let out = output_without(
-        "producer",
-        &[
+    let out = Spawn::binary("producer")
+        .args([
             "run",
             "--config",
             &config.to_string_lossy(),
@@ -61,21 +61,17 @@ async fn run_with(tokens: &TokenServer, dir: &Path, adc: serde_json::Value) -> O
             &bigquery.url(),
             "--bigquery-credentials",
             "adc",
-        ],
-        &[
-            ("DATABASE_URL", db.url().to_owned()),
-            ("BIGQUERY_PROJECT_ID", env::bigquery_project()),
-            ("PUBSUB_PROJECT_ID", env::pubsub_project()),
-            (
-                "GOOGLE_APPLICATION_CREDENTIALS",
-                adc_file.to_string_lossy().into_owned(),
-            ),
-            ("HOME", dir.to_string_lossy().into_owned()),
-            ("OUTBOX_LOG", "warn".to_owned()),
-        ],
-        &["BIGQUERY_EMULATOR_HOST", "GCE_METADATA_HOST"],
-    )
-    .await;
+        ])
+        .env("DATABASE_URL", db.url())
+        .env("BIGQUERY_PROJECT_ID", env::bigquery_project())
+        .env("PUBSUB_PROJECT_ID", env::pubsub_project())
+        .env("GOOGLE_APPLICATION_CREDENTIALS", &adc_file)
+        .env("HOME", dir)
+        .env("OUTBOX_LOG", "warn")
+        .env_remove_all(&["BIGQUERY_EMULATOR_HOST", "GCE_METADATA_HOST"])
+        .output(Duration::from_secs(60))
+        .await
+        .expect("run the producer");
     assert!(
         out.status.success(),
         "producer run: {}; stderr: {}",

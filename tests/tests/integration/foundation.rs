@@ -112,7 +112,8 @@ async fn the_harness_publishes_to_and_pulls_from_a_fresh_emulator_topic() {
 
 #[tokio::test]
 async fn an_unreachable_database_fails_with_an_error_naming_the_url_and_what_to_check() {
-    let port = harness::process::unused_low_port();
+    let refused = harness::process::ReservedPort::new();
+    let port = refused.port();
     let args = outbox_runtime::db::DatabaseArgs {
         url: format!("postgres://outbox:s3cret@127.0.0.1:{port}/outbox"),
         pool_size: 1,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use harness::db::TestDb;
 use harness::dispatcher as test_dispatcher;
 use harness::fixtures::{count, enqueue, invoice_event, keyed_dedupe, keyed_messages};
-use harness::process::Process;
+use harness::process::{Process, Spawn};
 use harness::pubsub::{self, TestTopic};
 use harness::wait::wait_until;
 use outbox_inbox::pubsub::{ConsumeOptions, consume, dedupe_key, process_message};
@@ -21,6 +21,15 @@ const CONSUMER: &str = "billing";
 
 /// A migrated database with the inbox and `applied`, a side-effect table with no unique key: a
 /// handler that ran twice for a key leaves two rows.
+/// The inbox's example consumer as a process.
+fn consumer(args: &[&str], envs: &[(&str, String)]) -> Process {
+    Spawn::example("invoice_consumer")
+        .args(args)
+        .envs(envs)
+        .start()
+        .expect("start the example consumer")
+}
+
 async fn consumer_db() -> TestDb {
     let db = TestDb::new().await;
     outbox_inbox::migrate(&db.pool)
@@ -283,7 +292,7 @@ async fn a_consumer_killed_at_random_points_applies_every_event_exactly_once() {
     };
     let mut at_kill = Vec::new();
     for round in 0..3 {
-        let consumer = Process::spawn_example("invoice_consumer", &args, &envs);
+        let consumer = consumer(&args, &envs);
         let before = invoices().await;
         // Kill only once this run is applying events, at a random instant after that.
         wait_until(
@@ -312,7 +321,7 @@ async fn a_consumer_killed_at_random_points_applies_every_event_exactly_once() {
     // The last phase applies the rest: what the killed runs held comes back within the ack
     // deadline (10 s), but the killed runs' streams (module comment above) keep taking a share
     // of every redelivery.
-    let replicas = [(); 3].map(|()| Process::spawn_example("invoice_consumer", &args, &envs));
+    let replicas = [(); 3].map(|()| consumer(&args, &envs));
     let started = std::time::Instant::now();
     wait_until(
         "every invoice applied",

@@ -16,7 +16,7 @@ use sqlx::migrate::Migrator;
 
 use harness::db::TestDb;
 use harness::fixtures::{enqueue, message};
-use harness::process::{Process, output_without, unused_low_port};
+use harness::process::{ReservedPort, Spawn, output};
 use harness::pubsub::{TestTopic, by_dedupe_key};
 use harness::wait::drained;
 use outbox_shared::db::MIGRATIONS_TABLE;
@@ -310,12 +310,12 @@ async fn a_dispatcher_with_no_project_publishes_rows_that_carry_full_topic_names
         .collect();
     enqueue(&db.pool, &messages).await;
     let envs = [("DATABASE_URL", db.url().to_owned())];
-    let proc = Process::spawn_without(
-        "dispatcher",
-        &["--listen-addr", "127.0.0.1:0"],
-        &envs,
-        &["PUBSUB_PROJECT_ID"],
-    );
+    let proc = Spawn::binary("dispatcher")
+        .args(["--listen-addr", "127.0.0.1:0"])
+        .envs(&envs)
+        .env_remove("PUBSUB_PROJECT_ID")
+        .start()
+        .expect("start the dispatcher");
     drained(&db.pool, Duration::from_secs(60)).await;
     let got = by_dedupe_key(&topic.pull(n, Duration::from_secs(3)).await);
     assert_eq!(got.len(), n, "every row arrived; log:\n{}", proc.log());
@@ -326,13 +326,13 @@ async fn a_dispatcher_with_no_project_publishes_rows_that_carry_full_topic_names
 async fn a_short_topic_without_a_project_exits_2_within_a_second_with_the_fix() {
     let db = TestDb::new().await;
     let started = Instant::now();
-    let out = output_without(
-        "dispatcher",
-        &["--topic", "orders", "--listen-addr", "127.0.0.1:0"],
-        &[("DATABASE_URL", db.url().to_owned())],
-        &["PUBSUB_PROJECT_ID"],
-    )
-    .await;
+    let out = Spawn::binary("dispatcher")
+        .args(["--topic", "orders", "--listen-addr", "127.0.0.1:0"])
+        .env("DATABASE_URL", db.url())
+        .env_remove("PUBSUB_PROJECT_ID")
+        .output(Duration::from_secs(60))
+        .await
+        .expect("run the dispatcher");
     let took = started.elapsed();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
@@ -348,12 +348,9 @@ async fn a_short_topic_without_a_project_exits_2_within_a_second_with_the_fix() 
     assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
 }
 
-/// A URL whose connection the server refuses at once.
-fn refused_url() -> String {
-    format!(
-        "postgres://postgres@127.0.0.1:{}/postgres",
-        unused_low_port()
-    )
+/// A URL whose connection is refused at once (while `port` lives).
+fn refused_url(port: &ReservedPort) -> String {
+    format!("postgres://postgres@127.0.0.1:{}/postgres", port.port())
 }
 
 #[tokio::test]
@@ -375,8 +372,7 @@ async fn both_binaries_exit_2_with_one_line_for_each_database_configuration_erro
     ];
     for binary in ["dispatcher", "producer"] {
         for (case, url, needle) in &cases {
-            let out =
-                output_without(binary, &["migrate"], &[("DATABASE_URL", url.clone())], &[]).await;
+            let out = output(binary, &["migrate"], &[("DATABASE_URL", url.clone())]).await;
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert_eq!(out.status.code(), Some(2), "{binary}, {case}: {stderr}");
             assert_eq!(
@@ -402,13 +398,13 @@ fn replace_user(url: &str, user: &str) -> String {
 
 #[tokio::test]
 async fn an_unreachable_database_fails_within_the_connect_timeout_and_names_the_cause() {
+    let refused = ReservedPort::new();
     for binary in ["dispatcher", "producer"] {
         let started = Instant::now();
-        let out = output_without(
+        let out = output(
             binary,
             &["migrate", "--db-connect-timeout", "3s"],
-            &[("DATABASE_URL", refused_url())],
-            &[],
+            &[("DATABASE_URL", refused_url(&refused))],
         )
         .await;
         let took = started.elapsed();
@@ -437,16 +433,17 @@ async fn an_unreachable_database_fails_within_the_connect_timeout_and_names_the_
 #[tokio::test]
 async fn in_json_mode_a_failure_is_one_json_error_line_and_nothing_else() {
     let db = TestDb::new().await;
+    let refused = ReservedPort::new();
     let runs: [(&str, Vec<&str>, String); 3] = [
         (
             "dispatcher",
             vec!["migrate", "--db-connect-timeout", "1s"],
-            refused_url(),
+            refused_url(&refused),
         ),
         (
             "producer",
             vec!["migrate", "--db-connect-timeout", "1s"],
-            refused_url(),
+            refused_url(&refused),
         ),
         (
             "dispatcher",
@@ -455,13 +452,14 @@ async fn in_json_mode_a_failure_is_one_json_error_line_and_nothing_else() {
         ),
     ];
     for (binary, args, url) in runs {
-        let out = output_without(
-            binary,
-            &args,
-            &[("DATABASE_URL", url), ("OUTBOX_LOG_FORMAT", "json".into())],
-            &["PUBSUB_PROJECT_ID"],
-        )
-        .await;
+        let out = Spawn::binary(binary)
+            .args(&args)
+            .env("DATABASE_URL", url)
+            .env("OUTBOX_LOG_FORMAT", "json")
+            .env_remove("PUBSUB_PROJECT_ID")
+            .output(Duration::from_secs(60))
+            .await
+            .expect("run the binary");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_ne!(out.status.code(), Some(0), "{binary} {args:?} fails");
         assert!(

@@ -11,35 +11,11 @@ use serde_json::Value;
 use harness::db::TestDb;
 use harness::dispatcher::{self as test_dispatcher, Running, drain, real_publisher};
 use harness::fixtures::{count, dead_letters, enqueue, message, outbox_dedupe_keys};
-use harness::process::binary;
+use harness::operator::{dispatcher, json};
 use harness::pubsub::TestTopic;
 use harness::wait::wait_until;
 use outbox_dispatcher::fault::{Fault, FaultInjector};
 use outbox_shared::NewMessage;
-
-/// Runs `dispatcher ARGS` against `db`; returns (exit code, stdout, stderr).
-pub(crate) fn dispatcher(db: &TestDb, args: &[&str]) -> (i32, String, String) {
-    let out = std::process::Command::new(binary("dispatcher"))
-        .args(args)
-        .env("DATABASE_URL", db.url())
-        .env("OUTBOX_ACTOR", "alice")
-        .env("OUTBOX_DB_CONNECT_TIMEOUT", "5s")
-        .env_remove("OUTBOX_LOG")
-        .env_remove("PUBSUB_PROJECT_ID")
-        .output()
-        .expect("run the dispatcher binary");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-pub(crate) fn json(db: &TestDb, args: &[&str]) -> Value {
-    let (code, out, err) = dispatcher(db, args);
-    assert_eq!(code, 0, "{args:?} succeeds: {err}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?} prints JSON ({e}): {out}"))
-}
 
 fn keyed(topic: &str, dedupe: &str) -> NewMessage {
     NewMessage::new(topic, dedupe, dedupe.as_bytes().to_vec()).with_ordering_key("k")

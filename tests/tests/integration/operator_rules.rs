@@ -12,13 +12,12 @@ use serde_json::Value;
 use harness::db::TestDb;
 use harness::dispatcher::{self as test_dispatcher, Running, real_publisher};
 use harness::fixtures::{count, enqueue, message};
-use harness::process::binary;
+use harness::operator::{dispatcher, json};
+use harness::process::{Spawn, binary};
 use harness::pubsub::TestTopic;
 use harness::wait::{topic_drained, wait_until};
 use outbox_dispatcher::DispatcherConfig;
 use outbox_shared::NewMessage;
-
-use super::operator::{dispatcher, json};
 
 /// Inserts a dead letter as the dispatcher writes one; returns its id.
 async fn dead_letter(
@@ -317,13 +316,12 @@ async fn output_into_a_closed_pipe_ends_quietly_with_the_commands_exit_code() {
         let script = format!(
             "\"$DISPATCHER\" {args} | {reader} >/dev/null; echo \"exit=${{PIPESTATUS[0]}}\""
         );
-        let out = std::process::Command::new("bash")
+        let out = Spawn::program("bash")
             .args(["-c", &script])
             .env("DISPATCHER", &bin)
             .env("DATABASE_URL", db.url())
             .env("OUTBOX_ACTOR", "alice")
-            .env_remove("OUTBOX_LOG")
-            .output()
+            .output_blocking()
             .expect("run bash");
         let (stdout, stderr) = (
             String::from_utf8_lossy(&out.stdout),
@@ -382,14 +380,12 @@ async fn without_outbox_actor_user_or_logname_the_actor_is_the_os_user() {
         .output()
         .expect("id -un");
     let me = String::from_utf8_lossy(&whoami.stdout).trim().to_owned();
-    let out = std::process::Command::new(binary("dispatcher"))
+    let out = Spawn::binary("dispatcher")
         .args(["pause", t, "--reason", "as kubectl exec runs it"])
         .env("DATABASE_URL", db.url())
-        .env_remove("OUTBOX_ACTOR")
-        .env_remove("USER")
-        .env_remove("LOGNAME")
-        .env_remove("OUTBOX_LOG")
-        .output()
+        .env_remove_all(&["USER", "LOGNAME"])
+        .output(Duration::from_secs(60))
+        .await
         .expect("run the dispatcher");
     assert_eq!(
         out.status.code(),

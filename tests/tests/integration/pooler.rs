@@ -8,7 +8,7 @@ use harness::db::TestDb;
 use harness::fixtures::{enqueue, keyed_messages, message};
 use harness::ledger::DeliveryLedger;
 use harness::pgbouncer::{PgBouncer, PoolMode};
-use harness::process::{Process, output_without};
+use harness::process::{Process, Spawn};
 use harness::pubsub::{TestTopic, arrivals};
 use harness::wait::outbox_at_most;
 
@@ -79,18 +79,16 @@ async fn two_dispatchers_through_a_transaction_pooler_publish_every_key_in_order
 
 /// Runs `binary ARGS` through `url`; returns (exit code, stdout, stderr).
 async fn run(binary: &str, url: &str, args: &[&str], pooler: &str) -> (i32, String, String) {
-    let out = output_without(
-        binary,
-        args,
-        &[
-            ("DATABASE_URL", url.to_owned()),
-            ("OUTBOX_DB_POOLER", pooler.to_owned()),
-            ("OUTBOX_DB_CONNECT_TIMEOUT", "5s".to_owned()),
-            ("OUTBOX_ACTOR", "pooler-test".to_owned()),
-        ],
-        &["PUBSUB_PROJECT_ID"],
-    )
-    .await;
+    let out = Spawn::binary(binary)
+        .args(args)
+        .env("DATABASE_URL", url)
+        .env("OUTBOX_DB_POOLER", pooler)
+        .env("OUTBOX_DB_CONNECT_TIMEOUT", "5s")
+        .env("OUTBOX_ACTOR", "pooler-test")
+        .env_remove("PUBSUB_PROJECT_ID")
+        .output(Duration::from_secs(60))
+        .await
+        .expect("run the binary");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -16,6 +16,7 @@ use harness::bigquery::TestTable;
 use harness::db::TestDb;
 use harness::env;
 use harness::http_faults::{Fault, HttpFaults};
+use harness::process::Spawn;
 use harness::producer::{
     BASE_MICROS, assert_nothing_written, bigquery, failing_from, failure, keys, load, order,
     orders_schema, orders_toml, outbox, outbox_keys, rfc3339, run_all, run_with, settings,
@@ -238,7 +239,6 @@ async fn a_crash_between_chunks_then_a_rerun_leaves_each_source_row_in_the_outbo
 
 #[tokio::test]
 async fn a_producer_process_killed_mid_run_loses_and_duplicates_nothing_on_rerun() {
-    let binary = harness::process::binary("producer");
     let db = TestDb::new().await;
     let table = TestTable::create(orders_schema()).await;
     let total = 3000;
@@ -249,7 +249,7 @@ async fn a_producer_process_killed_mid_run_loses_and_duplicates_nothing_on_rerun
     let path = std::env::temp_dir().join(format!("{}.toml", env::unique_name("killed")));
     std::fs::write(&path, &config_text).expect("write the config");
 
-    let mut child = std::process::Command::new(binary)
+    let mut producer = Spawn::binary("producer")
         .args(["run", "--page-size", "5", "--config"])
         .arg(&path)
         .env("DATABASE_URL", db.url())
@@ -257,9 +257,7 @@ async fn a_producer_process_killed_mid_run_loses_and_duplicates_nothing_on_rerun
         .env("BIGQUERY_PROJECT_ID", env::bigquery_project())
         .env("PUBSUB_PROJECT_ID", env::pubsub_project())
         .env("OUTBOX_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
+        .start()
         .expect("start the producer");
     // SIGKILL once some chunks are committed: mid-run, possibly mid-transaction.
     harness::wait::outbox_at_least(
@@ -269,8 +267,8 @@ async fn a_producer_process_killed_mid_run_loses_and_duplicates_nothing_on_rerun
         "the run commits chunks",
     )
     .await;
-    child.kill().expect("SIGKILL the producer");
-    let _ = child.wait();
+    producer.signal("KILL");
+    let _ = producer.child.wait().await;
     let at_kill = outbox_keys(&db).await.len() as i64;
     assert!(
         at_kill > 0 && at_kill < total,
@@ -873,15 +871,14 @@ payload = { columns = ["id"] }
     );
 
     // The binary, when built (`cargo build -p pubsub-outbox-producer`): non-zero exit, message on stderr.
-    let binary = harness::process::binary("producer");
-    let output = std::process::Command::new(binary)
+    let output = Spawn::binary("producer")
         .args(["run", "--config"])
         .arg(&path)
         .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
         .env("BIGQUERY_PROJECT_ID", "p")
         .env("PUBSUB_PROJECT_ID", "p")
-        .env_remove("OUTBOX_LOG_FORMAT")
-        .output()
+        .output(Duration::from_secs(60))
+        .await
         .expect("run the producer binary");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use harness::db::TestDb;
 use harness::dispatcher::{self as test_dispatcher, Running};
 use harness::fixtures::message;
-use harness::process::{Process, http_get, unused_low_port};
+use harness::process::{Process, ReservedPort, http_get};
 use harness::proxy::TcpProxy;
 use harness::pubsub::TestTopic;
 use harness::wait::wait_until;
@@ -242,12 +242,12 @@ async fn a_stuck_worker_makes_healthz_fail() {
 
 #[tokio::test]
 async fn text_logs_written_to_a_pipe_carry_no_colour_escapes() {
-    let port = unused_low_port();
+    let refused = ReservedPort::new();
     let mut p = Process::spawn(
         "dispatcher",
         &[
             "--database-url",
-            &format!("postgres://outbox@127.0.0.1:{port}/outbox"),
+            &format!("postgres://outbox@127.0.0.1:{}/outbox", refused.port()),
             "--db-connect-timeout",
             "1s",
             "--listen-addr",

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use harness::env;
-use harness::process::unused_low_port;
+use harness::process::{ReservedPort, Spawn};
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/services")
@@ -32,18 +32,21 @@ fn path_without(without: &str) -> PathBuf {
     dir
 }
 
-/// Runs `scripts/services <cmd>` with a private state dir and the given environment.
+/// Runs `scripts/services <cmd>` with a private state dir and the given environment; the
+/// emulators' ports are ports no service can take (a case that fails to refuse would fail to
+/// start them, not clash with the suite's own).
 fn services(state: &Path, cmd: &str, envs: &[(&str, String)]) -> Output {
-    std::process::Command::new("bash")
+    let ports = [(); 3].map(|()| ReservedPort::new());
+    Spawn::program("bash")
         .arg(script())
         .arg(cmd)
         .env("OUTBOX_SERVICES_DIR", state)
         .env("DATABASE_URL", env::database_url())
-        .env("PUBSUB_EMULATOR_PORT", unused_low_port().to_string())
-        .env("BIGQUERY_EMULATOR_PORT", unused_low_port().to_string())
-        .env("BIGQUERY_EMULATOR_GRPC_PORT", unused_low_port().to_string())
-        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
-        .output()
+        .env("PUBSUB_EMULATOR_PORT", ports[0].port().to_string())
+        .env("BIGQUERY_EMULATOR_PORT", ports[1].port().to_string())
+        .env("BIGQUERY_EMULATOR_GRPC_PORT", ports[2].port().to_string())
+        .envs(envs)
+        .output_blocking()
         .expect("run scripts/services")
 }
 
@@ -73,7 +76,8 @@ fn a_busy_port_is_refused_naming_the_port_and_the_variable_to_change() {
 #[test]
 fn an_unreachable_database_url_is_refused_with_the_password_masked() {
     let state = state_dir();
-    let url = format!("postgres://app:s3cret@127.0.0.1:{}/app", unused_low_port());
+    let refused = ReservedPort::new();
+    let url = format!("postgres://app:s3cret@127.0.0.1:{}/app", refused.port());
     let out = services(&state, "up", &[("DATABASE_URL", url)]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

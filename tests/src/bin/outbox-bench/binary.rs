@@ -3,13 +3,12 @@
 //! `/proc` (published count, resident memory, CPU time).
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
+use harness::process::{Process, Spawn};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::process::{Child, Command};
 
 /// A dispatcher binary to measure, named for the tables: `after=target/release/dispatcher`.
 #[derive(Debug, Clone)]
@@ -57,58 +56,37 @@ pub fn default_contender() -> Result<Contender> {
 
 /// A running dispatcher process; killed when dropped.
 pub struct DispatcherProcess {
-    child: Child,
-    pid: u32,
+    process: Process,
     addr: String,
-    log: PathBuf,
 }
 
 impl DispatcherProcess {
     /// Starts `binary` against `database_url` and the emulator at `emulator` with the `OUTBOX_*`
-    /// settings in `env` (the bench's own `OUTBOX_*` variables are not inherited), and waits until
-    /// it is ready.
+    /// settings in `env` (the bench's own `OUTBOX_*` variables are not inherited) on port 0, reads
+    /// its address back from its log, and waits until it is ready.
     pub async fn start(
         binary: &Path,
         database_url: &str,
         emulator: &str,
         env: &[(&str, String)],
     ) -> Result<Self> {
-        let port = harness::process::unused_low_port();
-        let addr = format!("127.0.0.1:{port}");
-        let log = std::env::temp_dir().join(format!("outbox-bench-dispatcher-{port}.log"));
-        let file = std::fs::File::create(&log).context("creating the dispatcher's log file")?;
-        let mut cmd = Command::new(binary);
-        for (k, _) in std::env::vars() {
-            if k.starts_with("OUTBOX_") {
-                cmd.env_remove(k);
-            }
-        }
-        cmd.env("DATABASE_URL", database_url)
+        let mut process = Spawn::program(binary)
+            .env("DATABASE_URL", database_url)
             .env("PUBSUB_EMULATOR_HOST", emulator)
-            .env("OUTBOX_LISTEN_ADDR", &addr)
-            .env("OUTBOX_LOG", "warn")
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(
-                file.try_clone().context("sharing the log file")?,
-            ))
-            .stderr(Stdio::from(file))
-            .kill_on_drop(true);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting {}", binary.display()))?;
-        let pid = child
-            .id()
-            .ok_or_else(|| anyhow!("the dispatcher exited at once"))?;
-        let mut p = Self {
-            child,
-            pid,
-            addr,
-            log,
-        };
+            .env("OUTBOX_LISTEN_ADDR", "127.0.0.1:0")
+            // Warnings only, and the start line that names the bound address.
+            .env("OUTBOX_LOG", "warn,outbox_dispatcher::service=info")
+            .envs(env)
+            .start()?;
+        let addr = process
+            .bound_addr(Duration::from_secs(30))
+            .await
+            .context("reading the dispatcher's address from its log")?
+            .to_string();
+        let mut p = Self { process, addr };
         let started = Instant::now();
         loop {
-            if let Ok(Some(status)) = p.child.try_wait() {
+            if let Ok(Some(status)) = p.process.child.try_wait() {
                 bail!("the dispatcher exited with {status}; log:\n{}", p.log());
             }
             if matches!(get(&p.addr, "/readyz").await, Ok((200, _))) {
@@ -145,13 +123,13 @@ impl DispatcherProcess {
 
     /// Whether it is still running.
     pub fn running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        matches!(self.process.child.try_wait(), Ok(None))
     }
 
     /// Resident memory now and at its peak, in MiB (VmRSS, VmHWM).
     pub fn memory_mb(&self) -> (f64, f64) {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap_or_default();
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.process.pid))
+            .unwrap_or_default();
         let field = |name: &str| {
             status
                 .lines()
@@ -164,29 +142,26 @@ impl DispatcherProcess {
 
     /// CPU seconds it used so far (user + system, all threads).
     pub fn cpu_seconds(&self) -> f64 {
-        cpu_seconds(self.pid)
+        cpu_seconds(self.process.pid)
     }
 
     /// The log so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.process.log()
     }
 
     /// SIGTERM, then waits for the exit (SIGKILL after 30 s).
     pub async fn stop(mut self) -> Result<()> {
-        let _ = std::process::Command::new("kill")
-            .arg("-TERM")
-            .arg(self.pid.to_string())
-            .status();
-        match tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await {
+        self.process.try_signal("TERM");
+        match tokio::time::timeout(Duration::from_secs(30), self.process.child.wait()).await {
             Ok(Ok(s)) if s.success() => {
-                let _ = std::fs::remove_file(&self.log);
+                let _ = std::fs::remove_file(&self.process.log);
                 Ok(())
             }
             Ok(Ok(s)) => bail!("the dispatcher exited with {s}; log:\n{}", self.log()),
             Ok(Err(e)) => Err(e).context("waiting for the dispatcher"),
             Err(_) => {
-                let _ = self.child.kill().await;
+                let _ = self.process.child.kill().await;
                 bail!("the dispatcher did not stop within 30 s of SIGTERM")
             }
         }

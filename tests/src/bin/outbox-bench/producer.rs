@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use harness::bigquery_standin::{StandIn, Table, Wire};
+use harness::process::Spawn;
 use outbox_producer::settings::DEFAULT_PAGE_BYTES;
 use outbox_shared::{NewMessage, enqueue_batch};
-use tokio::process::Command;
 
 use crate::binary;
 use crate::report::{parse_duration, summary};
@@ -310,26 +310,24 @@ async fn producer_leg(
 ) -> Result<Leg> {
     reset(db).await?;
     let calls_before = standin.calls();
-    let mut cmd = Command::new(binary);
-    cmd.arg("run").arg("--config").arg(config);
-    if dry_run {
-        cmd.args(["--dry-run", "--dry-run-sample", "1"]);
-    }
-    cmd.env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+    let mut spawn = Spawn::program(binary)
+        .args(["run", "--config"])
+        .arg(config)
+        .env_clear()
         .env("DATABASE_URL", db.db.url())
         .env("BIGQUERY_PROJECT_ID", "bench-project")
         .env("BIGQUERY_EMULATOR_HOST", standin.url())
         .env("OUTBOX_LOG", "warn,outbox_producer::report=info")
-        .env("OUTBOX_LOG_FORMAT", "json")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true);
+        .env("OUTBOX_LOG_FORMAT", "json");
+    if dry_run {
+        spawn = spawn.args(["--dry-run", "--dry-run-sample", "1"]);
+    }
     let started = Instant::now();
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("starting {}", binary.display()))?;
-    let pid = child.id().context("the producer has no pid")?;
+    let harness::process::Process {
+        mut child,
+        pid,
+        log,
+    } = spawn.start()?;
     let mut peak = 0.0f64;
     // Sampled while it runs: its own CPU and its backend's are gone once it exits.
     let cpu = || {
@@ -353,14 +351,8 @@ async fn producer_leg(
         }
     };
     let elapsed = started.elapsed();
-    let stderr = match child.stderr.take() {
-        Some(mut e) => {
-            let mut s = String::new();
-            tokio::io::AsyncReadExt::read_to_string(&mut e, &mut s).await?;
-            s
-        }
-        None => String::new(),
-    };
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
     ensure!(
         status.success(),
         "{} exited with {status}: {stderr}",

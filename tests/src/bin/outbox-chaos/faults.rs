@@ -10,7 +10,9 @@ use anyhow::{Context, Result, anyhow, bail};
 use tokio::sync::Mutex as AsyncMutex;
 
 use crate::plan::{Fault, Plan};
-use crate::stack::{Proc, Stack};
+use harness::process::Process;
+
+use crate::stack::Stack;
 
 /// One fault as it happened (times since the load started).
 #[derive(Debug, Clone)]
@@ -26,7 +28,7 @@ pub struct FaultRecord {
 /// The dispatcher replicas.
 #[derive(Debug)]
 pub struct Dispatchers {
-    slots: AsyncMutex<Vec<Option<Proc>>>,
+    slots: AsyncMutex<Vec<Option<Process>>>,
     started: Mutex<usize>,
     /// Exits nobody asked for: (replica, status, log tail).
     pub unexpected: Mutex<Vec<String>>,
@@ -73,7 +75,7 @@ impl Dispatchers {
         .to_vec()
     }
 
-    fn spawn(&self, stack: &Stack, plan: &Plan, i: usize) -> Result<Proc> {
+    fn spawn(&self, stack: &Stack, plan: &Plan, i: usize) -> Result<Process> {
         let n = {
             let mut s = self
                 .started
@@ -149,9 +151,7 @@ impl Dispatchers {
         let mut slots = self.slots.lock().await;
         for (i, slot) in slots.iter_mut().enumerate() {
             let Some(mut p) = slot.take() else { continue };
-            let _ = std::process::Command::new("kill")
-                .args(["-TERM", &p.pid.to_string()])
-                .status();
+            p.try_signal("TERM");
             match tokio::time::timeout(Duration::from_secs(30), p.child.wait()).await {
                 Ok(Ok(s)) if s.success() => {}
                 Ok(Ok(s)) => failures.push(format!(
@@ -176,7 +176,7 @@ impl Dispatchers {
 /// The producer's schedule: an execution every `plan.producer_every`, one at a time.
 #[derive(Debug)]
 pub struct Producer {
-    current: AsyncMutex<Option<Proc>>,
+    current: AsyncMutex<Option<Process>>,
     config: std::path::PathBuf,
     page_size: usize,
     /// Exit outcomes: (succeeded, failed, killed).
@@ -198,7 +198,7 @@ impl Producer {
         }
     }
 
-    fn spawn(&self, stack: &Stack) -> Result<Proc> {
+    fn spawn(&self, stack: &Stack) -> Result<Process> {
         let n = {
             let mut r = self
                 .runs

@@ -17,10 +17,11 @@ use gcp_bigquery_client::model::field_type::FieldType;
 use gcp_bigquery_client::model::table_field_schema::TableFieldSchema;
 use harness::bigquery::TestTable;
 use harness::db::TestDb;
+use harness::process::{Process, Spawn};
 use harness::proxy::TcpProxy;
 use harness::pubsub::{TestSubscription, TestTopic};
 use sqlx::postgres::PgConnectOptions;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 /// How to restart the private cluster.
 #[derive(Debug, Clone)]
@@ -52,23 +53,6 @@ pub struct Stack {
     pub proxy: TcpProxy,
     bin_dir: PathBuf,
     pub work_dir: PathBuf,
-}
-
-/// A child process of a workspace binary; killed when dropped.
-#[derive(Debug)]
-pub struct Proc {
-    pub child: Child,
-    pub pid: u32,
-    pub log: PathBuf,
-}
-
-impl Proc {
-    /// The last `n` lines of its log.
-    pub fn log_tail(&self, n: usize) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(n)..].join("\n")
-    }
 }
 
 impl Stack {
@@ -147,18 +131,10 @@ impl Stack {
         drop(self);
     }
 
-    /// Starts `bin` with `args`, its stderr to `<work_dir>/<tag>.log`.
-    pub fn spawn(&self, bin: &str, args: &[String], tag: &str) -> Result<Proc> {
-        let log = self.work_dir.join(format!("{tag}.log"));
-        let file =
-            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let mut cmd = Command::new(self.bin_dir.join(bin));
-        for (k, _) in std::env::vars() {
-            if k.starts_with("OUTBOX_") {
-                cmd.env_remove(k);
-            }
-        }
-        cmd.args(args)
+    /// Starts `bin` with `args`, its output to `<work_dir>/<tag>.log`.
+    pub fn spawn(&self, bin: &str, args: &[String], tag: &str) -> Result<Process> {
+        Ok(Spawn::program(self.bin_dir.join(bin))
+            .args(args)
             .env("DATABASE_URL", self.db.url())
             // Pub/Sub only through the proxy (the verdict's subscriber goes direct).
             .env("PUBSUB_EMULATOR_HOST", self.proxy.addr())
@@ -169,33 +145,20 @@ impl Stack {
             .env("BIGQUERY_PROJECT_ID", harness::env::bigquery_project())
             .env("PUBSUB_PROJECT_ID", harness::env::pubsub_project())
             .env("OUTBOX_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(file))
-            .kill_on_drop(true);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting {}", self.bin_dir.join(bin).display()))?;
-        let pid = child.id().ok_or_else(|| anyhow!("{bin} exited at once"))?;
-        Ok(Proc { child, pid, log })
+            .log(self.work_dir.join(format!("{tag}.log")))
+            .start()?)
     }
 
     /// Runs an operator command (`dispatcher <args>`) and returns its stdout; fails unless it
     /// exits 0 within 60 s.
     pub async fn operator(&self, args: &[&str]) -> Result<String> {
-        let out = tokio::time::timeout(
-            Duration::from_secs(60),
-            Command::new(self.bin_dir.join("dispatcher"))
-                .args(args)
-                .env("DATABASE_URL", self.db.url())
-                .env("OUTBOX_ACTOR", "outbox-chaos")
-                .env("OUTBOX_LOG", "warn")
-                .stdin(Stdio::null())
-                .kill_on_drop(true)
-                .output(),
-        )
-        .await
-        .map_err(|_| anyhow!("dispatcher {args:?} did not finish within 60 s"))??;
+        let out = Spawn::program(self.bin_dir.join("dispatcher"))
+            .args(args)
+            .env("DATABASE_URL", self.db.url())
+            .env("OUTBOX_ACTOR", "outbox-chaos")
+            .env("OUTBOX_LOG", "warn")
+            .output(Duration::from_secs(60))
+            .await?;
         if !out.status.success() {
             bail!(
                 "dispatcher {args:?} failed ({}): {}",

@@ -11,10 +11,10 @@ use anyhow::{Context, Result, anyhow, bail};
 use gcp_bigquery_client::model::table_data_insert_all_request::TableDataInsertAllRequest;
 use harness::bigquery::TestTable;
 use harness::ledger::Arrival;
+use harness::process::{Process, Spawn};
 use harness::producer::KeyedStream;
 use outbox_shared::{NewMessage, enqueue_batch, notify};
 use sqlx::PgPool;
-use tokio::process::{Child, Command};
 
 use super::{Shared, SoakArgs, locked};
 
@@ -152,19 +152,9 @@ pub(crate) struct ProducerSchedule {
 }
 
 impl ProducerSchedule {
-    fn command(&self) -> Result<Command> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .with_context(|| format!("opening {}", self.log.display()))?;
-        let mut cmd = Command::new(&self.bin);
-        for (k, _) in std::env::vars() {
-            if k.starts_with("OUTBOX_") {
-                cmd.env_remove(k);
-            }
-        }
-        cmd.arg("--config")
+    fn spawn(&self) -> Spawn {
+        Spawn::program(&self.bin)
+            .arg("--config")
             .arg(&self.config)
             .arg("run")
             .env("DATABASE_URL", &self.database_url)
@@ -176,33 +166,30 @@ impl ProducerSchedule {
             .env("BIGQUERY_PROJECT_ID", harness::env::bigquery_project())
             .env("PUBSUB_PROJECT_ID", harness::env::pubsub_project())
             .env("OUTBOX_LOG", "warn")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::from(log))
-            .kill_on_drop(true);
-        Ok(cmd)
+            .append_log(&self.log)
     }
 
     /// Counts the last execution if it ended, and starts the next unless it is still running.
     pub(crate) fn reap_and_start(
         &self,
-        running: &mut Option<Child>,
+        running: &mut Option<Process>,
         runs: &mut (usize, usize),
     ) -> Result<()> {
-        if let Some(child) = running.as_mut() {
-            match child.try_wait()? {
+        if let Some(p) = running.as_mut() {
+            match p.child.try_wait()? {
                 None => return Ok(()),
                 Some(s) if s.success() => runs.0 += 1,
                 Some(_) => runs.1 += 1,
             }
         }
-        *running = Some(self.command()?.spawn().context("starting the producer")?);
+        *running = Some(self.spawn().start().context("starting the producer")?);
         Ok(())
     }
 
     /// One execution to its end: whether it succeeded.
     pub(crate) async fn run_to_end(&self) -> Result<bool> {
-        let status = tokio::time::timeout(Duration::from_secs(300), self.command()?.status())
+        let mut last = self.spawn().start().context("starting the producer")?;
+        let status = tokio::time::timeout(Duration::from_secs(300), last.child.wait())
             .await
             .map_err(|_| anyhow!("the last producer run did not finish within 300 s"))??;
         Ok(status.success())

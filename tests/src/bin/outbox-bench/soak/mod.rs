@@ -31,8 +31,8 @@ use gcp_bigquery_client::model::field_type::FieldType;
 use gcp_bigquery_client::model::table_field_schema::TableFieldSchema;
 use harness::bigquery::TestTable;
 use harness::ledger::{Arrival, DeliveryLedger};
+use harness::process::Process;
 use sqlx::{Connection, PgPool};
-use tokio::process::Child;
 use tokio::task::JoinSet;
 
 use crate::binary::DispatcherProcess;
@@ -294,7 +294,7 @@ pub async fn soak_bench(db: &Scratch, args: &SoakArgs) -> Result<()> {
 
     let mut samples = Vec::new();
     let mut producer_runs = (0usize, 0usize);
-    let mut running: Option<Child> = None;
+    let mut running: Option<Process> = None;
     let mut last_producer = t0;
     let mut before = Counters::read(&dispatchers).await?;
     let mut tick = tokio::time::interval_at(
@@ -334,8 +334,8 @@ pub async fn soak_bench(db: &Scratch, args: &SoakArgs) -> Result<()> {
         "  [{:>6.0}s] load done; catching up (a last producer run, then every row published and arrived)",
         t0.elapsed().as_secs_f64()
     );
-    if let Some(mut child) = running.take() {
-        let ok = child.wait().await.map(|s| s.success()).unwrap_or(false);
+    if let Some(mut p) = running.take() {
+        let ok = p.child.wait().await.map(|s| s.success()).unwrap_or(false);
         if ok {
             producer_runs.0 += 1
         } else {

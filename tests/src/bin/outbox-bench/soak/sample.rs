@@ -6,10 +6,10 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, bail};
+use harness::process::Spawn;
 use sqlx::PgPool;
 use std::fmt::Write as _;
-use tokio::process::Command;
 
 use super::{Phases, Shared, SoakArgs, locked};
 use crate::binary::{DispatcherProcess, metric_sum};
@@ -176,18 +176,12 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
 
 /// `dispatcher status --json`'s warnings, by kind.
 async fn status_warnings(bin: &Path, database_url: &str) -> Result<Vec<&'static str>> {
-    let out = tokio::time::timeout(
-        Duration::from_secs(30),
-        Command::new(bin)
-            .args(["status", "--json", "--long-transaction", "10s"])
-            .env("DATABASE_URL", database_url)
-            .env("OUTBOX_LOG", "warn")
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .map_err(|_| anyhow!("dispatcher status did not answer within 30 s"))??;
+    let out = Spawn::program(bin)
+        .args(["status", "--json", "--long-transaction", "10s"])
+        .env("DATABASE_URL", database_url)
+        .env("OUTBOX_LOG", "warn")
+        .output(Duration::from_secs(30))
+        .await?;
     if !out.status.success() {
         bail!(
             "dispatcher status failed ({}): {}",
