@@ -127,48 +127,15 @@ impl<P: Publish> Dispatcher<P> {
             local_addr,
         } = self;
         let pool = dispatch.pool.clone();
-        let mut background = JoinSet::new();
-        let checks = Checks {
-            live: tasks::liveness(dispatch.clone(), config.liveness_timeout),
-            ready: tasks::readiness(pool.clone(), dispatch.breaker.clone()),
-        };
-        background.spawn(tasks::health_server(
-            listener,
-            registry,
-            checks,
-            shutdown.clone(),
-        ));
         let wakeup = Arc::new(Notify::new());
-        if let Some(channel) = &config.notify_channel {
-            background.spawn(tasks::listen(
-                pool.clone(),
-                channel.clone(),
-                config.idle.notify_coalesce,
-                wakeup.clone(),
-                shutdown.clone(),
-            ));
-        }
-        background.spawn(tasks::sample_gauges(
-            pool.clone(),
-            dispatch.metrics.clone(),
-            config.batch.topics.clone(),
-            config.batch.skip_dead_letter_topics.clone(),
-            shutdown.clone(),
-        ));
+        let mut background =
+            spawn_background(&dispatch, &config, registry, listener, &wakeup, &shutdown);
         let heartbeat = tokio::spawn(tasks::heartbeat(
             dispatch.clone(),
             config.batch.topics.clone(),
             config.forget_replicas_after,
             shutdown.clone(),
         ));
-        if !config.retention.is_zero() {
-            background.spawn(tasks::purge(
-                pool.clone(),
-                config.retention,
-                config.purge_interval,
-                shutdown.clone(),
-            ));
-        }
         // A replica started during an outage must not report ready: probe before the first claim.
         if let Some(topic) = probe_topic(&dispatch, &config).await {
             match dispatch.publisher.probe(&topic).await {
@@ -207,6 +174,54 @@ impl<P: Publish> Dispatcher<P> {
             Err(_) => Err(DispatcherError::GraceExceeded(config.grace_period)),
         }
     }
+}
+
+/// The endpoints, LISTEN, the gauges and the purge, each until shutdown.
+fn spawn_background<P: Publish>(
+    dispatch: &Arc<Dispatch<P>>,
+    config: &DispatcherConfig,
+    registry: Arc<Registry>,
+    listener: TcpListener,
+    wakeup: &Arc<Notify>,
+    shutdown: &Shutdown,
+) -> JoinSet<()> {
+    let pool = dispatch.pool.clone();
+    let mut background = JoinSet::new();
+    let checks = Checks {
+        live: tasks::liveness(dispatch.clone(), config.liveness_timeout),
+        ready: tasks::readiness(pool.clone(), dispatch.breaker.clone()),
+    };
+    background.spawn(tasks::health_server(
+        listener,
+        registry,
+        checks,
+        shutdown.clone(),
+    ));
+    if let Some(channel) = &config.notify_channel {
+        background.spawn(tasks::listen(
+            pool.clone(),
+            channel.clone(),
+            config.idle.notify_coalesce,
+            wakeup.clone(),
+            shutdown.clone(),
+        ));
+    }
+    background.spawn(tasks::sample_gauges(
+        pool.clone(),
+        dispatch.metrics.clone(),
+        config.batch.topics.clone(),
+        config.batch.skip_dead_letter_topics.clone(),
+        shutdown.clone(),
+    ));
+    if !config.retention.is_zero() {
+        background.spawn(tasks::purge(
+            pool,
+            config.retention,
+            config.purge_interval,
+            shutdown.clone(),
+        ));
+    }
+    background
 }
 
 /// The topic the start-up probe asks about: one this replica is about to publish to, never a

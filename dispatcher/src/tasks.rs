@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use chrono::Utc;
 use prometheus_client::registry::Registry;
-use sqlx::PgPool;
 use sqlx::postgres::PgListener;
+use sqlx::{PgConnection, PgPool};
 use tokio::sync::Notify;
 
 use outbox_runtime::health::{self, Checks, LivenessCheck, ReadinessCheck};
@@ -144,104 +144,144 @@ pub(crate) async fn sample_gauges(
     skip_topics: Vec<String>,
     mut shutdown: Shutdown,
 ) {
-    let mut progress = Progress::new(metrics.published.get());
-    let mut blocked_log = BlockedLog::default();
-    let mut seen = Seen::default();
+    let mut sampler = Gauges {
+        progress: Progress::new(metrics.published.get()),
+        metrics,
+        topics,
+        skip_topics,
+        blocked_log: BlockedLog::default(),
+        seen: Seen::default(),
+    };
     loop {
-        let idle = i64::try_from(pool.num_idle()).unwrap_or(i64::MAX);
-        metrics
-            .pool_connections
-            .get_or_create(&vec![("state", "idle".to_owned())])
-            .set(idle);
-        metrics
-            .pool_connections
-            .get_or_create(&vec![("state", "in_use".to_owned())])
-            .set(i64::from(pool.size()) - idle);
+        sampler.sample_pool(&pool);
         // Every statement inside a transaction, as behind a transaction-mode pooler it must be.
         match pool.begin().await {
             Ok(mut conn) => {
-                let topics = topics.as_deref();
                 // The paused topics first: the claimable age leaves their rows out.
-                let paused = match pause::list(&mut conn).await {
-                    Ok(paused) => {
-                        metrics.paused.clear();
-                        for p in paused
-                            .iter()
-                            .filter(|p| topics.is_none_or(|t| t.contains(&p.topic)))
-                        {
-                            metrics
-                                .paused
-                                .get_or_create(&vec![("topic", p.topic.clone())])
-                                .set(1);
-                        }
-                        paused.into_iter().map(|p| p.topic).collect()
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "Reading the paused topics failed.");
-                        Vec::new()
-                    }
-                };
-                let query = outbox::BacklogQuery {
-                    now: Utc::now(),
-                    topics,
-                    paused: &paused,
-                    skip_dead_letter_topics: &skip_topics,
-                    cap: BACKLOG_CAP,
-                };
-                match outbox::backlog_by_topic(&mut conn, &query).await {
-                    Ok(b) => {
-                        let labels = |t: &str| vec![("topic", t.to_owned())];
-                        let now: Vec<Labels> = b.iter().map(|t| labels(&t.topic)).collect();
-                        seen.zero_gone(&now, |gone| {
-                            metrics.backlog.get_or_create(gone).set(0);
-                            metrics.oldest_due_age_seconds.get_or_create(gone).set(0.0);
-                            metrics.claimable_age_seconds.get_or_create(gone).set(0.0);
-                        });
-                        for t in &b {
-                            let l = labels(&t.topic);
-                            metrics.backlog.get_or_create(&l).set(t.pending);
-                            metrics
-                                .oldest_due_age_seconds
-                                .get_or_create(&l)
-                                .set(t.oldest_due_age_secs);
-                            metrics
-                                .claimable_age_seconds
-                                .get_or_create(&l)
-                                .set(t.claimable_age_secs);
-                        }
-                        progress.log(&metrics, &b);
-                    }
-                    Err(e) => tracing::warn!(error = %e, "Reading the backlog failed."),
-                }
-                match dead_letter::counts(&mut conn, topics).await {
-                    Ok(counts) => {
-                        let labels = |t: &str, k: &str| {
-                            vec![("topic", t.to_owned()), ("kind", k.to_owned())]
-                        };
-                        seen.reset_dead(
-                            &metrics.dead_letters,
-                            counts.iter().map(|(t, k, _)| labels(t, k)),
-                        );
-                        for (t, k, n) in &counts {
-                            metrics.dead_letters.get_or_create(&labels(t, k)).set(*n);
-                        }
-                    }
-                    Err(e) => tracing::warn!(error = %e, "Counting the dead letters failed."),
-                }
-                match dead_letter::blocked_keys(&mut conn, &skip_topics, topics).await {
-                    Ok(n) => {
-                        metrics.blocked_keys.set(n);
-                        blocked_log.log(n);
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "Counting the blocked ordering keys failed.")
-                    }
-                }
+                let paused = sampler.sample_paused(&mut conn).await;
+                sampler.sample_backlog(&mut conn, &paused).await;
+                sampler.sample_dead_letters(&mut conn).await;
+                sampler.sample_blocked_keys(&mut conn).await;
                 let _ = conn.commit().await;
             }
             Err(e) => tracing::warn!(error = %e, "No database connection for the gauges."),
         }
         tokio::select! { _ = tokio::time::sleep(Duration::from_secs(10)) => {}, _ = shutdown.requested() => return }
+    }
+}
+
+/// What the gauge sampler keeps between samples.
+struct Gauges {
+    metrics: Arc<Metrics>,
+    /// The topics this replica serves (`None`: all).
+    topics: Option<Vec<String>>,
+    skip_topics: Vec<String>,
+    progress: Progress,
+    blocked_log: BlockedLog,
+    seen: Seen,
+}
+
+impl Gauges {
+    fn sample_pool(&self, pool: &PgPool) {
+        let idle = i64::try_from(pool.num_idle()).unwrap_or(i64::MAX);
+        let pool_gauge = |state: &str| {
+            self.metrics
+                .pool_connections
+                .get_or_create(&vec![("state", state.to_owned())])
+                .clone()
+        };
+        pool_gauge("idle").set(idle);
+        pool_gauge("in_use").set(i64::from(pool.size()) - idle);
+    }
+
+    /// Sets the paused gauges of the served topics; returns every paused topic.
+    async fn sample_paused(&self, conn: &mut PgConnection) -> Vec<String> {
+        match pause::list(conn).await {
+            Ok(paused) => {
+                self.metrics.paused.clear();
+                let topics = self.topics.as_deref();
+                for p in paused
+                    .iter()
+                    .filter(|p| topics.is_none_or(|t| t.contains(&p.topic)))
+                {
+                    self.metrics
+                        .paused
+                        .get_or_create(&vec![("topic", p.topic.clone())])
+                        .set(1);
+                }
+                paused.into_iter().map(|p| p.topic).collect()
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "Reading the paused topics failed.");
+                Vec::new()
+            }
+        }
+    }
+
+    /// Backlog, oldest due age and claimable age per served topic (a drained topic reads 0).
+    async fn sample_backlog(&mut self, conn: &mut PgConnection, paused: &[String]) {
+        let query = outbox::BacklogQuery {
+            now: Utc::now(),
+            topics: self.topics.as_deref(),
+            paused,
+            skip_dead_letter_topics: &self.skip_topics,
+            cap: BACKLOG_CAP,
+        };
+        let b = match outbox::backlog_by_topic(conn, &query).await {
+            Ok(b) => b,
+            Err(e) => return tracing::warn!(error = %e, "Reading the backlog failed."),
+        };
+        let metrics = &self.metrics;
+        let labels = |t: &str| vec![("topic", t.to_owned())];
+        let now: Vec<Labels> = b.iter().map(|t| labels(&t.topic)).collect();
+        self.seen.zero_gone(&now, |gone| {
+            metrics.backlog.get_or_create(gone).set(0);
+            metrics.oldest_due_age_seconds.get_or_create(gone).set(0.0);
+            metrics.claimable_age_seconds.get_or_create(gone).set(0.0);
+        });
+        for t in &b {
+            let l = labels(&t.topic);
+            metrics.backlog.get_or_create(&l).set(t.pending);
+            metrics
+                .oldest_due_age_seconds
+                .get_or_create(&l)
+                .set(t.oldest_due_age_secs);
+            metrics
+                .claimable_age_seconds
+                .get_or_create(&l)
+                .set(t.claimable_age_secs);
+        }
+        self.progress.log(metrics, &b);
+    }
+
+    async fn sample_dead_letters(&mut self, conn: &mut PgConnection) {
+        match dead_letter::counts(conn, self.topics.as_deref()).await {
+            Ok(counts) => {
+                let labels =
+                    |t: &str, k: &str| vec![("topic", t.to_owned()), ("kind", k.to_owned())];
+                self.seen.reset_dead(
+                    &self.metrics.dead_letters,
+                    counts.iter().map(|(t, k, _)| labels(t, k)),
+                );
+                for (t, k, n) in &counts {
+                    self.metrics
+                        .dead_letters
+                        .get_or_create(&labels(t, k))
+                        .set(*n);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "Counting the dead letters failed."),
+        }
+    }
+
+    async fn sample_blocked_keys(&mut self, conn: &mut PgConnection) {
+        match dead_letter::blocked_keys(conn, &self.skip_topics, self.topics.as_deref()).await {
+            Ok(n) => {
+                self.metrics.blocked_keys.set(n);
+                self.blocked_log.log(n);
+            }
+            Err(e) => tracing::warn!(error = %e, "Counting the blocked ordering keys failed."),
+        }
     }
 }
 

@@ -60,48 +60,11 @@ pub async fn run_stream<A: Api>(
         .await
         .map_err(|e| StreamError::database(name, "connecting for the run", e))?
         .detach();
-    if !watermark::lock(&mut conn, name, false)
-        .await
-        .in_stream(name)?
-    {
-        match settings.on_overlap {
-            OnOverlap::Skip => return skip(&mut conn, stream, settings, started).await,
-            OnOverlap::Wait => {
-                tracing::info!(
-                    stream = name,
-                    "Another execution of this stream is running; waiting for it (--on-overlap wait)."
-                );
-                watermark::lock(&mut conn, name, true)
-                    .await
-                    .in_stream(name)?;
-            }
-        }
+    if !take_lock(&mut conn, name, settings).await? {
+        return skip(&mut conn, stream, settings, started).await;
     }
     let (stored_cursor, stored) = stored_watermark(&mut conn, stream).await?.unzip();
-    // Holding the lock, nobody else runs this stream: a `running` row is a dead execution's.
-    let reason = format!(
-        "its execution ended without closing the run (killed?); closed by {} when it took the stream's lock",
-        settings.executor
-    );
-    let abandoned = run_ledger::abandon_running(&mut conn, name, &reason)
-        .await
-        .in_stream(name)?;
-    if !abandoned.is_empty() {
-        tracing::warn!(stream = name, runs = ?abandoned, "Closed runs of a dead execution as abandoned; this run resumes from the last committed page.");
-    }
-    // Keys below (watermark - lookback) are never re-read; a stream without a lookback keeps none.
-    let below = match (stream.lookback, &stored) {
-        (Some(back), Some(p)) => Some(Some(
-            Position::lower_bound(Some(p), Some(back), stream.cursor.key_type).micros,
-        )),
-        (Some(_), None) => None,
-        (None, _) => Some(None),
-    };
-    if let Some(below) = below {
-        lookback::prune(&mut conn, name, below)
-            .await
-            .in_stream(name)?;
-    }
+    tidy_before_run(&mut conn, stream, settings, stored.as_ref()).await?;
     let run_id = run_ledger::start(&mut conn, name, &settings.executor, stored_cursor.as_ref())
         .await
         .in_stream(name)?;
@@ -136,6 +99,63 @@ pub async fn run_stream<A: Api>(
     run.summary.watermark = run.high;
     run.summary.elapsed = started.elapsed();
     Ok(run.summary)
+}
+
+/// Takes the stream's run lock: at once, or waiting for the execution holding it
+/// (`--on-overlap wait`); false when another execution holds it and `--on-overlap skip`.
+async fn take_lock(
+    conn: &mut PgConnection,
+    name: &str,
+    settings: &Settings,
+) -> Result<bool, StreamError> {
+    if watermark::lock(conn, name, false).await.in_stream(name)? {
+        return Ok(true);
+    }
+    match settings.on_overlap {
+        OnOverlap::Skip => Ok(false),
+        OnOverlap::Wait => {
+            tracing::info!(
+                stream = name,
+                "Another execution of this stream is running; waiting for it (--on-overlap wait)."
+            );
+            watermark::lock(conn, name, true).await.in_stream(name)?;
+            Ok(true)
+        }
+    }
+}
+
+/// With the lock held: closes a dead execution's `running` ledger rows, and forgets the lookback
+/// keys no run re-reads any more.
+async fn tidy_before_run(
+    conn: &mut PgConnection,
+    stream: &Stream,
+    settings: &Settings,
+    stored: Option<&Position>,
+) -> Result<(), StreamError> {
+    let name = stream.name.as_str();
+    // Holding the lock, nobody else runs this stream: a `running` row is a dead execution's.
+    let reason = format!(
+        "its execution ended without closing the run (killed?); closed by {} when it took the stream's lock",
+        settings.executor
+    );
+    let abandoned = run_ledger::abandon_running(conn, name, &reason)
+        .await
+        .in_stream(name)?;
+    if !abandoned.is_empty() {
+        tracing::warn!(stream = name, runs = ?abandoned, "Closed runs of a dead execution as abandoned; this run resumes from the last committed page.");
+    }
+    // Keys below (watermark - lookback) are never re-read; a stream without a lookback keeps none.
+    let below = match (stream.lookback, stored) {
+        (Some(back), Some(p)) => Some(Some(
+            Position::lower_bound(Some(p), Some(back), stream.cursor.key_type).micros,
+        )),
+        (Some(_), None) => None,
+        (None, _) => Some(None),
+    };
+    if let Some(below) = below {
+        lookback::prune(conn, name, below).await.in_stream(name)?;
+    }
+    Ok(())
 }
 
 /// `--on-overlap skip`: record the skip and return successfully.

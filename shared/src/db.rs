@@ -80,31 +80,7 @@ pub async fn migrate_on(conn: &mut PgConnection) -> Result<Migrated> {
         .execute(&mut *tx)
         .await
         .context("taking the migration lock")?;
-    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-        .persistent(crate::store::named_statements())
-        .bind(MIGRATIONS_TABLE)
-        .fetch_one(&mut *tx)
-        .await
-        .context("looking for pubsub_outbox_migrations")?;
-    if !exists {
-        // Created only when missing: `CREATE TABLE IF NOT EXISTS` would need CREATE on the schema
-        // even when the table is there.
-        sqlx::raw_sql(
-            "CREATE TABLE pubsub_outbox_migrations (
-                 version      BIGINT      PRIMARY KEY,
-                 description  TEXT        NOT NULL,
-                 checksum     BYTEA       NOT NULL,
-                 applied_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
-                 applied_by   TEXT        NOT NULL DEFAULT session_user,
-                 execution_ms BIGINT      NOT NULL DEFAULT 0,
-                 -- Where the record came from when it was not applied by this table's migrator.
-                 adopted_from TEXT
-             )",
-        )
-        .execute(&mut *tx)
-        .await
-        .map_err(|source| Error::migration(0, "create pubsub_outbox_migrations", source))?;
-    }
+    create_migrations_table(&mut tx).await?;
     let adopted = adopt_from_sqlx(&mut tx).await?;
     let applied: HashMap<i64, Vec<u8>> =
         sqlx::query_as("SELECT version, checksum FROM pubsub_outbox_migrations")
@@ -132,37 +108,76 @@ pub async fn migrate_on(conn: &mut PgConnection) -> Result<Migrated> {
         ..Migrated::default()
     };
     for m in ours() {
-        if let Some(checksum) = applied.get(&m.version) {
-            if !matches_release(m.version, &m.checksum, checksum) {
+        match applied.get(&m.version) {
+            Some(checksum) if matches_release(m.version, &m.checksum, checksum) => {
+                report.up_to_date += 1;
+            }
+            Some(_) => {
                 return Err(Error::MigrationModified {
                     version: m.version,
                     description: m.description.to_string(),
                 });
             }
-            report.up_to_date += 1;
-            continue;
+            None => {
+                apply(&mut tx, m).await?;
+                report.applied.push(m.version);
+            }
         }
-        let started = Instant::now();
-        sqlx::raw_sql(&m.sql)
-            .execute(&mut *tx)
-            .await
-            .map_err(|source| Error::migration(m.version, &m.description, source))?;
-        sqlx::query(
-            "INSERT INTO pubsub_outbox_migrations (version, description, checksum, execution_ms)
-             VALUES ($1, $2, $3, $4)",
-        )
-        .persistent(crate::store::named_statements())
-        .bind(m.version)
-        .bind(&*m.description)
-        .bind(&*m.checksum)
-        .bind(i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX))
-        .execute(&mut *tx)
-        .await
-        .context("recording a migration in pubsub_outbox_migrations")?;
-        report.applied.push(m.version);
     }
     tx.commit().await.context("committing the migrations")?;
     Ok(report)
+}
+
+/// Creates `pubsub_outbox_migrations` when it is missing.
+async fn create_migrations_table(tx: &mut PgConnection) -> Result<()> {
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .persistent(crate::store::named_statements())
+        .bind(MIGRATIONS_TABLE)
+        .fetch_one(&mut *tx)
+        .await
+        .context("looking for pubsub_outbox_migrations")?;
+    if !exists {
+        // Created only when missing: `CREATE TABLE IF NOT EXISTS` would need CREATE on the schema
+        // even when the table is there.
+        sqlx::raw_sql(
+            "CREATE TABLE pubsub_outbox_migrations (
+                 version      BIGINT      PRIMARY KEY,
+                 description  TEXT        NOT NULL,
+                 checksum     BYTEA       NOT NULL,
+                 applied_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
+                 applied_by   TEXT        NOT NULL DEFAULT session_user,
+                 execution_ms BIGINT      NOT NULL DEFAULT 0,
+                 -- Where the record came from when it was not applied by this table's migrator.
+                 adopted_from TEXT
+             )",
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(|source| Error::migration(0, "create pubsub_outbox_migrations", source))?;
+    }
+    Ok(())
+}
+
+/// Runs one migration and records it.
+async fn apply(tx: &mut PgConnection, m: &sqlx::migrate::Migration) -> Result<()> {
+    let started = Instant::now();
+    sqlx::raw_sql(&m.sql)
+        .execute(&mut *tx)
+        .await
+        .map_err(|source| Error::migration(m.version, &m.description, source))?;
+    sqlx::query(
+        "INSERT INTO pubsub_outbox_migrations (version, description, checksum, execution_ms)
+         VALUES ($1, $2, $3, $4)",
+    )
+    .persistent(crate::store::named_statements())
+    .bind(m.version)
+    .bind(&*m.description)
+    .bind(&*m.checksum)
+    .bind(i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX))
+    .execute(&mut *tx)
+    .await
+    .context("recording a migration in pubsub_outbox_migrations")?;
+    Ok(())
 }
 
 /// Whether `recorded` is the checksum of this release's text of a migration, or of an earlier

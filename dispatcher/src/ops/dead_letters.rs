@@ -499,10 +499,9 @@ pub struct ChangeReport {
 
 /// Replays or discards the plan's dead letters, a batch per transaction.
 async fn change(plan: Plan, pool: &PgPool) -> Result<Output, OpsError> {
-    let action = plan.action;
     let selector = serde_json::to_value(&plan.filter).map_err(OpsError::Encode)?;
     let mut report = ChangeReport {
-        action,
+        action: plan.action,
         dry_run: plan.dry_run,
         ids: Vec::new(),
         count: 0,
@@ -513,47 +512,17 @@ async fn change(plan: Plan, pool: &PgPool) -> Result<Output, OpsError> {
     let mut before_id = None;
     loop {
         let started = std::time::Instant::now();
-        let mut tx = pool.begin().await?;
-        let page = dead_letter::select(&mut tx, &plan.filter, plan.batch_size, before_id).await?;
-        let Some(last) = page.last().map(|d| d.id) else {
+        let Some((last, selected)) =
+            change_page(&plan, &selector, pool, before_id, &mut report).await?
+        else {
             break;
         };
         before_id = Some(last);
-        if action == "replay" {
-            report.refused_locally.extend(
-                page.iter()
-                    .filter(|d| d.last_error.starts_with(REFUSED_LOCALLY))
-                    .map(|d| d.id),
-            );
-        }
-        let page: Vec<i64> = page.iter().map(|d| d.id).collect();
         if plan.dry_run {
-            report.ids.extend(&page);
             continue;
         }
-        let done = match action {
-            "replay" => dead_letter::replay(&mut tx, &page).await?,
-            _ => dead_letter::discard(&mut tx, &page).await?,
-        };
-        report
-            .skipped
-            .extend(page.iter().filter(|id| !done.contains(id)));
-        if !done.is_empty() {
-            let entry = Action {
-                actor: plan.who.actor.as_deref(),
-                action,
-                selector: selector.clone(),
-                row_ids: &done,
-                reason: &plan.who.reason,
-            };
-            report.audit_ids.push(audit::record(&mut tx, &entry).await?);
-            // Replayed rows are due now; a discard may release the key its entry blocked.
-            notify::notify(&mut tx, &plan.notify_channel).await?;
-        }
-        tx.commit().await?;
-        report.ids.extend(&done);
         // Rate limit: at most `rate` entries per second across batches.
-        let budget = Duration::from_secs_f64(page.len() as f64 / plan.rate);
+        let budget = Duration::from_secs_f64(selected as f64 / plan.rate);
         if let Some(wait) = budget.checked_sub(started.elapsed()) {
             tokio::time::sleep(wait).await;
         }
@@ -562,7 +531,64 @@ async fn change(plan: Plan, pool: &PgPool) -> Result<Output, OpsError> {
         }
     }
     report.count = report.ids.len();
-    let verb = match (action, plan.dry_run) {
+    change_output(&plan, report)
+}
+
+/// One batch in one transaction: the next page of the plan's dead letters (below `before_id`)
+/// replayed or discarded with its audit row and a NOTIFY (with `--dry-run`, only listed).
+/// Returns the page's last id and size, `None` when nothing is left.
+async fn change_page(
+    plan: &Plan,
+    selector: &serde_json::Value,
+    pool: &PgPool,
+    before_id: Option<i64>,
+    report: &mut ChangeReport,
+) -> Result<Option<(i64, usize)>, OpsError> {
+    let action = plan.action;
+    let mut tx = pool.begin().await?;
+    let page = dead_letter::select(&mut tx, &plan.filter, plan.batch_size, before_id).await?;
+    let Some(last) = page.last().map(|d| d.id) else {
+        return Ok(None);
+    };
+    if action == "replay" {
+        report.refused_locally.extend(
+            page.iter()
+                .filter(|d| d.last_error.starts_with(REFUSED_LOCALLY))
+                .map(|d| d.id),
+        );
+    }
+    let page: Vec<i64> = page.iter().map(|d| d.id).collect();
+    if plan.dry_run {
+        report.ids.extend(&page);
+        return Ok(Some((last, page.len())));
+    }
+    let done = match action {
+        "replay" => dead_letter::replay(&mut tx, &page).await?,
+        _ => dead_letter::discard(&mut tx, &page).await?,
+    };
+    report
+        .skipped
+        .extend(page.iter().filter(|id| !done.contains(id)));
+    if !done.is_empty() {
+        let entry = Action {
+            actor: plan.who.actor.as_deref(),
+            action,
+            selector: selector.clone(),
+            row_ids: &done,
+            reason: &plan.who.reason,
+        };
+        report.audit_ids.push(audit::record(&mut tx, &entry).await?);
+        // Replayed rows are due now; a discard may release the key its entry blocked.
+        notify::notify(&mut tx, &plan.notify_channel).await?;
+    }
+    tx.commit().await?;
+    report.ids.extend(&done);
+    Ok(Some((last, page.len())))
+}
+
+/// The text, the JSON, the notes and the exit code of a replay or discard.
+fn change_output(plan: &Plan, report: ChangeReport) -> Result<Output, OpsError> {
+    let verb = match (report.action, plan.dry_run) {
         ("replay", true) => "would replay",
         ("replay", false) => "replayed",
         (_, true) => "would discard",

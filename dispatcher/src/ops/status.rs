@@ -195,7 +195,32 @@ fn warnings(s: &Status, args: &Settings) -> Vec<String> {
 
 /// The tables people read.
 fn render(s: &Status) -> String {
-    let mut out = String::new();
+    let mut out = topics_table(s);
+    for table in [streams_table(s), replicas_table(s)] {
+        if !table.is_empty() {
+            out.push('\n');
+            out.push_str(&table.render());
+        }
+    }
+    out.push_str(&format!(
+        "\noutbox table: {} live rows, {} dead rows, {} MiB\n",
+        s.outbox_table.live_rows,
+        s.outbox_table.dead_rows,
+        s.outbox_table.total_bytes / (1024 * 1024)
+    ));
+    if s.warnings.is_empty() {
+        out.push_str("No warnings.\n");
+    } else {
+        out.push_str("\nWarnings:\n");
+        for w in &s.warnings {
+            out.push_str(&format!("- {w}\n"));
+        }
+    }
+    out
+}
+
+/// Per topic: due, held, waiting, next due, oldest due age, dead letters, paused.
+fn topics_table(s: &Status) -> String {
     let mut t = Table::new(&[
         "TOPIC",
         "DUE",
@@ -221,11 +246,15 @@ fn render(s: &Status) -> String {
             if topic.paused { "yes" } else { "no" }.to_owned(),
         ]);
     }
-    out.push_str(&if t.is_empty() {
+    if t.is_empty() {
         "No topic has messages or dead letters.\n".to_owned()
     } else {
         t.render()
-    });
+    }
+}
+
+/// Per producer stream: watermark, lag, last run.
+fn streams_table(s: &Status) -> Table {
     let mut streams = Table::new(&[
         "STREAM",
         "WATERMARK",
@@ -252,10 +281,11 @@ fn render(s: &Status) -> String {
                 .map_or("-".to_owned(), |n| n.to_string()),
         ]);
     }
-    if !streams.is_empty() {
-        out.push('\n');
-        out.push_str(&streams.render());
-    }
+    streams
+}
+
+/// Per dispatcher replica: heartbeat age, breaker, in flight, alive or gone.
+fn replicas_table(s: &Status) -> Table {
     let mut replicas = Table::new(&[
         "REPLICA",
         "HOST",
@@ -284,23 +314,5 @@ fn render(s: &Status) -> String {
             if r.alive { "alive" } else { "gone" }.to_owned(),
         ]);
     }
-    if !replicas.is_empty() {
-        out.push('\n');
-        out.push_str(&replicas.render());
-    }
-    out.push_str(&format!(
-        "\noutbox table: {} live rows, {} dead rows, {} MiB\n",
-        s.outbox_table.live_rows,
-        s.outbox_table.dead_rows,
-        s.outbox_table.total_bytes / (1024 * 1024)
-    ));
-    if s.warnings.is_empty() {
-        out.push_str("No warnings.\n");
-    } else {
-        out.push_str("\nWarnings:\n");
-        for w in &s.warnings {
-            out.push_str(&format!("- {w}\n"));
-        }
-    }
-    out
+    replicas
 }

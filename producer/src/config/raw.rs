@@ -70,6 +70,36 @@ pub(super) fn validate(
     problems: &mut Vec<String>,
 ) -> Stream {
     let mut problem = |field: &str, msg: String| problems.push(format!("{label}: {field}: {msg}"));
+    check_name_and_query(&raw, &mut problem);
+    let lookback = lookback(raw.lookback.as_deref(), &mut problem);
+    check_columns(&raw, &mut problem);
+    let commit = commit_mode(&raw, &mut problem);
+    let topic = topic_spec(raw.topic, raw.topic_column, options, &mut problem);
+    let payload = payload_spec(raw.payload, &mut problem);
+    check_attributes(&raw.attributes, options, &mut problem);
+    Stream {
+        name: raw.name,
+        query: raw.query,
+        location: raw.location.filter(|l| !l.is_empty()),
+        maximum_bytes_billed: raw.maximum_bytes_billed,
+        lookback,
+        cursor: CursorSpec {
+            timestamp_column: raw.cursor.timestamp_column,
+            key_column: raw.cursor.key_column,
+            key_type: raw.cursor.key_type,
+        },
+        dedupe_key: raw.dedupe_key,
+        topic,
+        ordering_key_column: raw.ordering_key_column.filter(|c| !c.is_empty()),
+        attribute_columns: raw.attributes.columns,
+        fixed_attributes: raw.attributes.fixed,
+        payload,
+        commit,
+    }
+}
+
+/// The name, the query's watermark parameters, the byte cap.
+fn check_name_and_query(raw: &RawStream, problem: &mut impl FnMut(&str, String)) {
     let valid_name = !raw.name.is_empty()
         && raw.name.len() <= 100
         && raw
@@ -93,15 +123,10 @@ pub(super) fn validate(
             "must be a positive number of bytes".into(),
         );
     }
-    let lookback = match raw.lookback.as_deref().map(humantime::parse_duration) {
-        None => None,
-        Some(Ok(d)) if d.is_zero() => None,
-        Some(Ok(d)) => Some(d),
-        Some(Err(e)) => {
-            problem("lookback", format!("not a duration like \"15m\": {e}"));
-            None
-        }
-    };
+}
+
+/// The cursor and dedupe key columns are named.
+fn check_columns(raw: &RawStream, problem: &mut impl FnMut(&str, String)) {
     for (field, column) in [
         ("cursor.timestamp_column", &raw.cursor.timestamp_column),
         ("cursor.key_column", &raw.cursor.key_column),
@@ -116,8 +141,32 @@ pub(super) fn validate(
             "list one or more columns that identify a row across reruns".into(),
         );
     }
-    let commit = commit_mode(&raw, &mut problem);
-    let topic = match (raw.topic, raw.topic_column) {
+}
+
+/// `lookback = "15m"`: none when absent or zero.
+fn lookback(
+    value: Option<&str>,
+    problem: &mut impl FnMut(&str, String),
+) -> Option<std::time::Duration> {
+    match value.map(humantime::parse_duration) {
+        None => None,
+        Some(Ok(d)) if d.is_zero() => None,
+        Some(Ok(d)) => Some(d),
+        Some(Err(e)) => {
+            problem("lookback", format!("not a duration like \"15m\": {e}"));
+            None
+        }
+    }
+}
+
+/// Exactly one of `topic` (checked as Pub/Sub checks it) and `topic_column`.
+fn topic_spec(
+    topic: Option<String>,
+    column: Option<String>,
+    options: &LoadOptions,
+    problem: &mut impl FnMut(&str, String),
+) -> TopicSpec {
+    match (topic, column) {
         (Some(_), Some(_)) => {
             problem("topic", "set either topic or topic_column, not both".into());
             TopicSpec::Fixed(String::new())
@@ -129,10 +178,14 @@ pub(super) fn validate(
             );
             TopicSpec::Fixed(String::new())
         }
-        (Some(t), None) => TopicSpec::Fixed(resolve_topic(&t, options, &mut problem)),
+        (Some(t), None) => TopicSpec::Fixed(resolve_topic(&t, options, problem)),
         (None, Some(c)) => TopicSpec::Column(c),
-    };
-    let payload = match (raw.payload.columns, raw.payload.raw_column) {
+    }
+}
+
+/// Exactly one of `columns = [..]` and `raw_column`.
+fn payload_spec(payload: RawPayload, problem: &mut impl FnMut(&str, String)) -> PayloadSpec {
+    match (payload.columns, payload.raw_column) {
         (Some(cols), None) if !cols.is_empty() && !cols.iter().any(String::is_empty) => {
             PayloadSpec::Columns(cols)
         }
@@ -145,26 +198,6 @@ pub(super) fn validate(
             );
             PayloadSpec::Columns(Vec::new())
         }
-    };
-    check_attributes(&raw.attributes, options, &mut problem);
-    Stream {
-        name: raw.name,
-        query: raw.query,
-        location: raw.location.filter(|l| !l.is_empty()),
-        maximum_bytes_billed: raw.maximum_bytes_billed,
-        lookback,
-        cursor: CursorSpec {
-            timestamp_column: raw.cursor.timestamp_column,
-            key_column: raw.cursor.key_column,
-            key_type: raw.cursor.key_type,
-        },
-        dedupe_key: raw.dedupe_key,
-        topic,
-        ordering_key_column: raw.ordering_key_column.filter(|c| !c.is_empty()),
-        attribute_columns: raw.attributes.columns,
-        fixed_attributes: raw.attributes.fixed,
-        payload,
-        commit,
     }
 }
 

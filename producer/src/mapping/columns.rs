@@ -21,34 +21,7 @@ impl<'s> Mapper<'s> {
     ) -> Result<Self, StreamError> {
         let fields = schema.fields.clone().unwrap_or_default();
         let find = |column: &str, usage: &str| find_column(stream, &fields, column, usage);
-        let timestamp = find(&stream.cursor.timestamp_column, "cursor.timestamp_column")?;
-        expect_type(
-            stream,
-            &fields[timestamp],
-            "cursor.timestamp_column",
-            &[FieldType::Integer, FieldType::Int64],
-            "INT64",
-            "Select the cursor as UNIX_MICROS(<timestamp column>) AS <name>: real BigQuery sends TIMESTAMP as float seconds, which can drop microseconds",
-        )?;
-        let key = find(&stream.cursor.key_column, "cursor.key_column")?;
-        match stream.cursor.key_type {
-            KeyType::Int64 => expect_type(
-                stream,
-                &fields[key],
-                "cursor.key_column",
-                &[FieldType::Integer, FieldType::Int64],
-                "INT64",
-                "Set cursor.key_type to the column's type (INT64 or STRING), or CAST it in the query",
-            )?,
-            KeyType::String => expect_type(
-                stream,
-                &fields[key],
-                "cursor.key_column",
-                &[FieldType::String],
-                "STRING",
-                "Set cursor.key_type to the column's type (INT64 or STRING), or CAST it in the query",
-            )?,
-        }
+        let (timestamp, key) = cursor_columns(stream, &fields)?;
         let dedupe = stream
             .dedupe_key
             .iter()
@@ -73,33 +46,7 @@ impl<'s> Mapper<'s> {
                 ))
             })
             .collect::<Result<_, StreamError>>()?;
-        let payload = match &stream.payload {
-            PayloadSpec::Columns(cols) => Payload::Object(
-                cols.iter()
-                    .map(|c| find(c, "payload.columns"))
-                    .collect::<Result<_, _>>()?,
-            ),
-            PayloadSpec::Raw(c) => {
-                let i = find(c, "payload.raw_column")?;
-                let repeated = fields[i]
-                    .mode
-                    .as_deref()
-                    .is_some_and(|m| m.eq_ignore_ascii_case("REPEATED"));
-                match fields[i].r#type {
-                    FieldType::Bytes if !repeated => Payload::Bytes(i),
-                    FieldType::String if !repeated => Payload::Text(i),
-                    _ => {
-                        return Err(column_type(
-                            stream,
-                            &fields[i],
-                            "payload.raw_column",
-                            "BYTES or STRING",
-                            "Use payload.columns for a JSON object, or TO_JSON_STRING(...) in the query",
-                        ));
-                    }
-                }
-            }
-        };
+        let payload = payload_columns(stream, &fields)?;
         Ok(Self {
             stream,
             fields,
@@ -114,6 +61,78 @@ impl<'s> Mapper<'s> {
             pubsub_project: pubsub_project.to_owned(),
         })
     }
+}
+
+/// The cursor's timestamp (INT64 micros) and key (of the configured type) columns.
+fn cursor_columns(
+    stream: &Stream,
+    fields: &[TableFieldSchema],
+) -> Result<(usize, usize), StreamError> {
+    let timestamp = find_column(
+        stream,
+        fields,
+        &stream.cursor.timestamp_column,
+        "cursor.timestamp_column",
+    )?;
+    expect_type(
+        stream,
+        &fields[timestamp],
+        "cursor.timestamp_column",
+        &[FieldType::Integer, FieldType::Int64],
+        "INT64",
+        "Select the cursor as UNIX_MICROS(<timestamp column>) AS <name>: real BigQuery sends TIMESTAMP as float seconds, which can drop microseconds",
+    )?;
+    let key = find_column(
+        stream,
+        fields,
+        &stream.cursor.key_column,
+        "cursor.key_column",
+    )?;
+    let (types, name): (&[FieldType], _) = match stream.cursor.key_type {
+        KeyType::Int64 => (&[FieldType::Integer, FieldType::Int64], "INT64"),
+        KeyType::String => (&[FieldType::String], "STRING"),
+    };
+    expect_type(
+        stream,
+        &fields[key],
+        "cursor.key_column",
+        types,
+        name,
+        "Set cursor.key_type to the column's type (INT64 or STRING), or CAST it in the query",
+    )?;
+    Ok((timestamp, key))
+}
+
+/// The payload: a JSON object of columns, or one BYTES or STRING column (not REPEATED).
+fn payload_columns(stream: &Stream, fields: &[TableFieldSchema]) -> Result<Payload, StreamError> {
+    let find = |column: &str, usage: &str| find_column(stream, fields, column, usage);
+    Ok(match &stream.payload {
+        PayloadSpec::Columns(cols) => Payload::Object(
+            cols.iter()
+                .map(|c| find(c, "payload.columns"))
+                .collect::<Result<_, _>>()?,
+        ),
+        PayloadSpec::Raw(c) => {
+            let i = find(c, "payload.raw_column")?;
+            let repeated = fields[i]
+                .mode
+                .as_deref()
+                .is_some_and(|m| m.eq_ignore_ascii_case("REPEATED"));
+            match fields[i].r#type {
+                FieldType::Bytes if !repeated => Payload::Bytes(i),
+                FieldType::String if !repeated => Payload::Text(i),
+                _ => {
+                    return Err(column_type(
+                        stream,
+                        &fields[i],
+                        "payload.raw_column",
+                        "BYTES or STRING",
+                        "Use payload.columns for a JSON object, or TO_JSON_STRING(...) in the query",
+                    ));
+                }
+            }
+        }
+    })
 }
 
 fn find_column(

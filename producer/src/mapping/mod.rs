@@ -12,6 +12,7 @@
 //! percent-escaped in values so different rows never join to the same key. Stable across reruns
 //! as long as the column values are.
 
+use gcp_bigquery_client::model::table_cell::TableCell;
 use gcp_bigquery_client::model::table_field_schema::TableFieldSchema;
 use gcp_bigquery_client::model::table_row::TableRow;
 use outbox_shared::NewMessage;
@@ -52,6 +53,25 @@ pub struct Mapper<'s> {
     pubsub_project: String,
 }
 
+/// One row's cells, read through the mapper's schema.
+struct Cells<'a> {
+    mapper: &'a Mapper<'a>,
+    cells: &'a [TableCell],
+}
+
+impl Cells<'_> {
+    /// The cell as it came (NULL when absent).
+    fn raw(&self, i: usize) -> &Value {
+        self.cells[i].value.as_ref().unwrap_or(&Value::Null)
+    }
+
+    /// The cell as JSON, by its column's type.
+    fn json(&self, i: usize) -> Result<Value, StreamError> {
+        cell_to_json(&self.mapper.fields[i], self.raw(i))
+            .map_err(|e| self.mapper.bad(e.to_string()))
+    }
+}
+
 #[derive(Debug)]
 enum Payload {
     Object(Vec<usize>),
@@ -70,63 +90,19 @@ impl Mapper<'_> {
                 self.fields.len()
             )));
         }
-        let raw = |i: usize| cells[i].value.as_ref().unwrap_or(&Value::Null);
-        let json =
-            |i: usize| cell_to_json(&self.fields[i], raw(i)).map_err(|e| self.bad(e.to_string()));
-        let position = self.position(raw(self.timestamp), raw(self.key))?;
-
-        let mut attributes = Attributes::new();
-        for (name, i) in &self.attributes {
-            if let Some(v) = as_text(&json(*i)?) {
-                attributes.insert(name.clone(), v);
-            }
-        }
-        attributes.extend(
-            self.stream
-                .fixed_attributes
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone())),
-        );
+        let row = Cells {
+            mapper: self,
+            cells,
+        };
+        let position = self.position(row.raw(self.timestamp), row.raw(self.key))?;
+        let attributes = self.attributes(&row)?;
         let ordering_key = match self.ordering {
-            Some(i) => as_text(&json(i)?).filter(|k| !k.is_empty()),
+            Some(i) => as_text(&row.json(i)?).filter(|k| !k.is_empty()),
             None => None,
         };
-        let payload = match &self.payload {
-            Payload::Object(cols) => {
-                let mut object = Map::new();
-                for &i in cols {
-                    object.insert(self.fields[i].name.clone(), json(i)?);
-                }
-                serde_json::to_vec(&Value::Object(object))
-                    .map_err(|e| self.bad(format!("encoding the payload: {e}")))?
-            }
-            Payload::Bytes(i) => match raw(*i) {
-                Value::Null => Vec::new(),
-                Value::String(b64) => decode_base64(b64).ok_or_else(|| {
-                    self.bad(format!(
-                        "column `{}` is not valid base64 BYTES",
-                        self.fields[*i].name
-                    ))
-                })?,
-                other => {
-                    return Err(self.bad(format!(
-                        "column `{}`: expected BYTES, got {other}",
-                        self.fields[*i].name
-                    )));
-                }
-            },
-            Payload::Text(i) => as_text(&json(*i)?).unwrap_or_default().into_bytes(),
-        };
-        let mut dedupe_parts = Vec::with_capacity(self.dedupe.len());
-        let mut missing = None;
-        for &i in &self.dedupe {
-            match as_text(&json(i)?) {
-                Some(v) => dedupe_parts.push(escape(&v)),
-                None => missing = missing.or(Some(self.fields[i].name.clone())),
-            }
-        }
-        let dedupe_key = format!("{}:{}", self.stream.name, dedupe_parts.join(":"));
-        let (topic, topic_problem) = self.topic(&json)?;
+        let payload = self.payload(&row)?;
+        let (dedupe_key, missing) = self.dedupe_key(&row)?;
+        let (topic, topic_problem) = self.topic(&|i| row.json(i))?;
         let mut message = NewMessage {
             topic,
             ordering_key,
@@ -163,6 +139,66 @@ impl Mapper<'_> {
             Some(reason) => Err(Rejection { message, reason }),
         };
         Ok(MappedRow { position, outcome })
+    }
+
+    /// The attribute columns' text (a NULL one is left out), then the fixed attributes.
+    fn attributes(&self, row: &Cells<'_>) -> Result<Attributes, StreamError> {
+        let mut attributes = Attributes::new();
+        for (name, i) in &self.attributes {
+            if let Some(v) = as_text(&row.json(*i)?) {
+                attributes.insert(name.clone(), v);
+            }
+        }
+        attributes.extend(
+            self.stream
+                .fixed_attributes
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
+        Ok(attributes)
+    }
+
+    /// A JSON object of the payload columns, or one BYTES (base64 on the wire) or STRING column.
+    fn payload(&self, row: &Cells<'_>) -> Result<Vec<u8>, StreamError> {
+        Ok(match &self.payload {
+            Payload::Object(cols) => {
+                let mut object = Map::new();
+                for &i in cols {
+                    object.insert(self.fields[i].name.clone(), row.json(i)?);
+                }
+                serde_json::to_vec(&Value::Object(object))
+                    .map_err(|e| self.bad(format!("encoding the payload: {e}")))?
+            }
+            Payload::Bytes(i) => match row.raw(*i) {
+                Value::Null => Vec::new(),
+                Value::String(b64) => decode_base64(b64).ok_or_else(|| {
+                    self.bad(format!(
+                        "column `{}` is not valid base64 BYTES",
+                        self.fields[*i].name
+                    ))
+                })?,
+                other => {
+                    return Err(self.bad(format!(
+                        "column `{}`: expected BYTES, got {other}",
+                        self.fields[*i].name
+                    )));
+                }
+            },
+            Payload::Text(i) => as_text(&row.json(*i)?).unwrap_or_default().into_bytes(),
+        })
+    }
+
+    /// `<stream>:<value>[:<value>…]`, and the first dedupe column that is NULL, if any.
+    fn dedupe_key(&self, row: &Cells<'_>) -> Result<(String, Option<String>), StreamError> {
+        let mut parts = Vec::with_capacity(self.dedupe.len());
+        let mut missing = None;
+        for &i in &self.dedupe {
+            match as_text(&row.json(i)?) {
+                Some(v) => parts.push(escape(&v)),
+                None => missing = missing.or(Some(self.fields[i].name.clone())),
+            }
+        }
+        Ok((format!("{}:{}", self.stream.name, parts.join(":")), missing))
     }
 
     fn position(&self, ts: &Value, key: &Value) -> Result<Position, StreamError> {
