@@ -349,8 +349,8 @@ async fn split_out<P: Publish>(
     suspects: Vec<usize>,
 ) -> Vec<(usize, Attempt)> {
     let mut verdicts = Vec::new();
-    // They were refused together already: the first round sends them in parts (BENCHMARKS.md
-    // compares halving, √n parts and this).
+    // They were refused together already: the first round sends them in parts
+    // (docs/benchmarks/2026-12-02-publish-path.md compares halving, √n parts and this).
     let mut groups = split(&suspects);
     while !groups.is_empty() {
         d.metrics.isolation_publishes.inc_by(groups.len() as u64);

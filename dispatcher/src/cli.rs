@@ -216,8 +216,10 @@ pub struct DispatchArgs {
     /// this long of Pub/Sub answering again).
     #[arg(long, env = "OUTBOX_BREAKER_MAX_COOLDOWN", default_value = "1s", value_parser = humantime::parse_duration)]
     pub breaker_max_cooldown: Duration,
-    /// A publish with no answer this long triggers a probe (2 s deadline); if the probe fails too,
-    /// the batch is released as an outage at once instead of waiting out --publish-timeout.
+    /// A publish with no answer this long triggers a probe (its deadline 2 s, or 3x the round
+    /// trips seen lately when they are slower, at most --publish-timeout); if the probe gets no
+    /// answer either, the batch is released as an outage at once instead of waiting out
+    /// --publish-timeout.
     #[arg(long, env = "OUTBOX_STALL_PROBE_AFTER", default_value = "3s", value_parser = humantime::parse_duration)]
     pub stall_probe_after: Duration,
     /// Delete the heartbeat row of a replica that sent none for this long (a killed pod), so

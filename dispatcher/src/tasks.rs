@@ -76,7 +76,8 @@ pub(crate) fn readiness(pool: PgPool, breaker: Arc<Breaker>) -> ReadinessCheck {
 /// Wakes idle workers on NOTIFY; reconnects with backoff, waking everyone after a reconnect in
 /// case a notification was missed. Notifications arriving within `coalesce` of the first share
 /// one wake-up: at 1,000 single-row transactions/s a wake-up per notification meant a claim, a
-/// publish request and a settle per message (0.29 cores of dispatcher CPU, BENCHMARKS.md).
+/// publish request and a settle per message (0.29 cores of dispatcher CPU;
+/// docs/benchmarks/2026-12-01-throughput-latency.md, "Latency at 1,000 single-row transactions/s").
 pub(crate) async fn listen(
     pool: PgPool,
     channel: String,

@@ -52,7 +52,8 @@ pub(crate) async fn work<P: Publish>(
                 // Well short of full: the backlog is drained and rows trickle in. With LISTEN,
                 // wait for the next (coalesced) notification rather than claim again at once, so
                 // a steady trickle is published in batches of a coalescing window each, not in
-                // back-to-back claims of a row or two (BENCHMARKS.md, "Latency").
+                // back-to-back claims of a row or two (measured: "Latency" in
+                // docs/benchmarks/2026-12-01-throughput-latency.md).
                 if d.listening && claimed * 4 < d.settings.batch_size {
                     tokio::select! {
                         _ = notified => {}

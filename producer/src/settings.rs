@@ -4,9 +4,9 @@ use std::time::Duration;
 
 /// `--page-size`: a cap; pages are sized by `--page-bytes`.
 pub const DEFAULT_PAGE_ROWS: u32 = 50_000;
-/// `--page-bytes`: 3 MiB (BigQuery cuts a page at ~10 MB). Measured against 4 MiB (BENCHMARKS.md,
-/// the producer): the same rows/s at 0 and 150 ms per call, 93 against 131 MiB peak for 1,000,000
-/// rows.
+/// `--page-bytes`: 3 MiB (BigQuery cuts a page at ~10 MB). Measured against 4 MiB
+/// (docs/benchmarks/2026-12-02-producer.md): the same rows/s at 0 and 150 ms per call, 93
+/// against 131 MiB peak for 1,000,000 rows.
 pub const DEFAULT_PAGE_BYTES: usize = 3 << 20;
 /// `--read-parallelism`.
 pub const DEFAULT_PARALLEL_READS: usize = 4;

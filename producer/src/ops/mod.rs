@@ -4,7 +4,7 @@
 //! Both are built on the one operator framework both binaries share
 //! ([`outbox_runtime::operator`]: options, a pure check, a run returning an output value, exit
 //! codes 0 ok, 1 failed, 2 bad usage, 3 nothing matched). The JSON shapes are documented in
-//! README.md ("Operating the producer") and only ever grow.
+//! docs/operating.md ("Operating the producer") and only ever grow.
 
 pub mod rewind;
 pub mod streams;

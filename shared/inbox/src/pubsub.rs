@@ -22,7 +22,7 @@
 //! buffers, where nothing extends them: past the stream's ack deadline they are redelivered
 //! while still queued. The Pub/Sub emulator makes that a collapse: it ignores flow control,
 //! pushes 100 messages every 50 ms to every open stream, and starts each ack deadline when it
-//! *sends* the message (README, "Consuming: effectively-once with the inbox").
+//! *sends* the message (docs/consuming.md, "The Pub/Sub emulator differs").
 
 use std::collections::HashMap;
 use std::fmt::Display;

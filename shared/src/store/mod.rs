@@ -30,7 +30,8 @@ static NAMED_STATEMENTS: AtomicBool = AtomicBool::new(true);
 /// or already taken by another client, on the next. Process-wide; set once at start-up, before
 /// the first statement. Every statement must then run inside a transaction (sqlx prepares and
 /// executes an unnamed statement in two exchanges, which a transaction pooler may route to two
-/// server connections otherwise). The cost on a direct connection: README "Connection poolers".
+/// server connections otherwise). The cost on a direct connection: docs/environments.md,
+/// "Connection poolers".
 pub fn use_unnamed_statements(unnamed: bool) {
     NAMED_STATEMENTS.store(!unnamed, Ordering::Relaxed);
 }

@@ -1,6 +1,6 @@
 //! What `dispatcher status` reads: per-topic queue state, blocked ordering keys, producer
 //! streams, long transactions and the outbox table's health. Read-only; every query is here so
-//! README's "the SQL status runs" can point at one file.
+//! docs/operating.md ("The SQL behind `status`") can point at one file.
 //!
 //! The per-topic counts scan the unpublished rows once (an operator command, not a hot path).
 

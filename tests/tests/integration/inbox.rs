@@ -257,8 +257,8 @@ async fn an_ordered_subscription_is_applied_in_key_order_through_a_handler_failu
 // kill leaves a stream that competes with the live ones for every redelivery, forever. Real
 // Pub/Sub drops a dead client's stream. Here the final phase runs three consumers (replicas
 // sharing the inbox, as a deployment would) so the live streams win most redeliveries, with a
-// budget for the rest (with two, the last ~1,500 invoices took 50-200 s); README, "Consuming:
-// effectively-once with the inbox".
+// budget for the rest (with two, the last ~1,500 invoices took 50-200 s); docs/consuming.md,
+// "The Pub/Sub emulator differs".
 #[tokio::test]
 async fn a_consumer_killed_at_random_points_applies_every_event_exactly_once() {
     let db = TestDb::new().await;

@@ -266,8 +266,8 @@ async fn a_rewind_moves_the_watermark_back_audits_once_and_the_next_run_rereads_
     );
     assert_eq!(got["audit_id"].as_i64().map(|id| id > 0), Some(true));
 
-    // The next run (flags before `run`, as the README writes it) re-reads 6..=10 and enqueues
-    // the deleted rows again; nothing else.
+    // The next run (flags before `run`, as docs/producer.md writes it) re-reads 6..=10 and
+    // enqueues the deleted rows again; nothing else.
     let path = std::env::temp_dir().join(format!("{}.toml", env::unique_name("rewound")));
     std::fs::write(&path, &toml).expect("write the config");
     let config = path.to_string_lossy().into_owned();

@@ -35,8 +35,8 @@ pub struct Common {
     pub database: DatabaseArgs,
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
-    /// Print JSON (a stable shape, documented in README.md: fields are only ever added) instead
-    /// of a table.
+    /// Print JSON (a stable shape, documented in docs/operating.md: fields are only ever added)
+    /// instead of a table.
     #[arg(long)]
     pub json: bool,
 }

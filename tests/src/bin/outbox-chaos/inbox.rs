@@ -4,7 +4,8 @@
 //! hit it (the consumer database is on the same cluster). With `--inbox-kills N` its task is
 //! aborted mid-stream at N seeded moments (open transactions roll back, nothing is acked) and a
 //! new one started; off by default, because the emulator never ends the dropped stream and, on
-//! this ordered subscription, keeps routing that stream's ordering keys to it (README "Chaos"). The
+//! this ordered subscription, keeps routing that stream's ordering keys to it (docs/testing.md,
+//! "Chaos"). The
 //! verdict wants exactly one effect per dedupe key the independent subscriber saw on the topic:
 //! none missing, none extra, none twice, and one inbox row per key.
 

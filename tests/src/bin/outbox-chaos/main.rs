@@ -1,5 +1,5 @@
 //! `outbox-chaos`: proves "nothing lost, order kept" while dispatchers, the producer, Pub/Sub and
-//! PostgreSQL fail at random moments (README "Chaos"; `scripts/chaos` starts its stack).
+//! PostgreSQL fail at random moments (docs/testing.md, "Chaos"; `scripts/chaos` starts its stack).
 //!
 //! One run: a scratch database on the private cluster, three topics on the private emulator
 //! (one with a schema), a BigQuery table on bqemulator; applications write a steady stream of
@@ -59,7 +59,7 @@ struct Cli {
     load_seconds: Option<u64>,
     /// Abort and restart the inbox consumer this many times at seeded moments. Off by default:
     /// the emulator never ends a stream its client dropped, and on the ordered subscription such
-    /// a stream keeps its ordering keys, so their messages go nowhere (README "Chaos").
+    /// a stream keeps its ordering keys, so their messages go nowhere (docs/testing.md, "Chaos").
     #[arg(long, env = "OUTBOX_CHAOS_INBOX_KILLS", default_value_t = 0)]
     inbox_kills: usize,
     /// Admin URL of the private PostgreSQL cluster (a scratch database is created on it).

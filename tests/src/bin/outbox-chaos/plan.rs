@@ -85,7 +85,7 @@ pub struct Plan {
     /// Timed faults, in time order: (offset from the load's start, fault).
     pub faults: Vec<(Duration, Fault)>,
     /// Times the inbox consumer is aborted and restarted (`--inbox-kills`; default none: the
-    /// emulator never ends a dropped stream, README "Chaos").
+    /// emulator never ends a dropped stream, docs/testing.md, "Chaos").
     pub inbox_kills: usize,
     kills: usize,
     producer_kills: usize,
