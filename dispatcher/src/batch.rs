@@ -73,7 +73,7 @@ pub(crate) async fn run_batch<P: Publish>(
 ) -> Result<BatchOutcome, DispatcherError> {
     let claim_started = Instant::now();
     let mut tx = d.claim_session.begin(&d.pool).await?;
-    let claimed = claim(d, &mut tx, now).await?;
+    let (claimed, give_back) = claim(d, &mut tx, now).await?;
     d.metrics
         .claim_seconds
         .observe(claim_started.elapsed().as_secs_f64());
@@ -117,6 +117,7 @@ pub(crate) async fn run_batch<P: Publish>(
             context: "committing a settled batch",
             source,
         })?;
+    give_back.settled(&claimed, &decision.settlement.released);
     record(d, &claimed, &decision, now);
     match outage {
         Some(error) => {
@@ -138,12 +139,14 @@ pub(crate) async fn run_batch<P: Publish>(
     }
 }
 
-/// Claims ordering keys first (whole keys, in id order), then fills the batch with unkeyed rows.
-async fn claim<P: Publish>(
-    d: &Dispatch<P>,
+/// Claims ordering keys first (whole keys, in id order), then fills the batch with unkeyed rows,
+/// each from where this replica knows the live rows start (`crate::floors`); the unkeyed floor
+/// follows the rows taken, and goes back to them unless the batch settles them ([`GiveBack`]).
+async fn claim<'d, P: Publish>(
+    d: &'d Dispatch<P>,
     tx: &mut PgConnection,
     now: DateTime<Utc>,
-) -> Result<Vec<ClaimedMessage>, DispatcherError> {
+) -> Result<(Vec<ClaimedMessage>, GiveBack<'d>), DispatcherError> {
     let filter = ClaimFilter {
         now,
         limit: d.settings.batch_size,
@@ -156,7 +159,12 @@ async fn claim<P: Publish>(
         skip_dead_letter_topics: &d.settings.skip_dead_letter_topics,
         max_keys,
     };
-    let keyed = claim::claim_ordered(tx, &ordered, &cursor).await?;
+    let floor = d.floors.key_floor(
+        &cursor,
+        usize::try_from(ordered.scan_limit).unwrap_or(usize::MAX),
+    );
+    let keyed = claim::claim_ordered(tx, &ordered, &cursor, &floor).await?;
+    d.floors.saw(keyed.epoch, keyed.allocated, &keyed.seen);
     d.keys.learn(
         keyed.keys,
         keyed.saturated_keys,
@@ -164,15 +172,52 @@ async fn claim<P: Publish>(
         keyed.next_cursor,
     );
     let mut claimed = keyed.messages;
+    let mut give_back = GiveBack {
+        floors: &d.floors,
+        oldest: None,
+    };
     let room = d.settings.batch_size - claimed.len() as i64;
     if room > 0 {
         let unkeyed = ClaimFilter {
             limit: room,
             ..filter
         };
-        claimed.extend(claim::claim_batch(tx, &unkeyed).await?);
+        let batch = claim::claim_batch(tx, &unkeyed, d.floors.unkeyed()).await?;
+        if let Some(oldest) = batch.oldest_due {
+            d.floors.took_unkeyed(oldest);
+            give_back.oldest = Some(oldest);
+        }
+        claimed.extend(batch.messages);
     }
-    Ok(claimed)
+    Ok((claimed, give_back))
+}
+
+/// The unkeyed rows of a batch go back to the queue at their place unless the batch settles
+/// them: dropped on every early return (an error, the transaction rolling back) or kept armed
+/// after a batch that released some of them, it puts the unkeyed floor back to the oldest.
+struct GiveBack<'d> {
+    floors: &'d crate::floors::Floors,
+    oldest: Option<DateTime<Utc>>,
+}
+
+impl GiveBack<'_> {
+    /// The batch committed: its unkeyed rows were settled unless `released` holds one of them.
+    fn settled(mut self, claimed: &[ClaimedMessage], released: &[i64]) {
+        let gave_back = claimed
+            .iter()
+            .any(|m| m.ordering_key.is_none() && released.contains(&m.id));
+        if !gave_back {
+            self.oldest = None;
+        }
+    }
+}
+
+impl Drop for GiveBack<'_> {
+    fn drop(&mut self) {
+        if let Some(oldest) = self.oldest {
+            self.floors.lower_unkeyed(oldest);
+        }
+    }
 }
 
 /// The local limit checks: a message that can never be published costs no round trip and is

@@ -189,6 +189,17 @@ pub struct DispatchArgs {
     #[arg(long, env = "OUTBOX_KEY_SCAN_LIMIT", default_value_t = 2000,
           value_parser = clap::value_parser!(i64).range(1..))]
     pub key_scan_limit: i64,
+    /// Unkeyed claims start this long before the oldest row the last claim took, so rows of a
+    /// writer transaction that commits after a later one are not passed over (claims start past
+    /// the published rows, which a long-held snapshot keeps in the indexes); rows of a longer
+    /// transaction are found by the probe (--claim-probe-interval).
+    #[arg(long, env = "OUTBOX_CLAIM_FLOOR_MARGIN", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub claim_floor_margin: Duration,
+    /// How often a probe walks the outbox from its start for rows the claims' floors pass over
+    /// (a writer transaction longer than --claim-floor-margin, rows a vanished replica gave back,
+    /// a second concurrent writer of one key); at least 10 x the probe's own last duration.
+    #[arg(long, env = "OUTBOX_CLAIM_PROBE_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub claim_probe_interval: Duration,
     #[command(flatten)]
     pub skip_dead_letters: SkipDeadLetters,
     /// Fault injection (testing a deployment's alerts and recovery): fail this fraction (0..=1)
@@ -295,6 +306,7 @@ impl TryFrom<&RunArgs> for DispatcherConfig {
                     max_attempts: a.max_attempts,
                 },
                 key_scan_limit: a.key_scan_limit,
+                claim_floor_margin: a.claim_floor_margin,
                 skip_dead_letter_topics: full(
                     "--ordering-skip-dead-letters",
                     &a.skip_dead_letters.topics,
@@ -328,6 +340,7 @@ impl TryFrom<&RunArgs> for DispatcherConfig {
             },
             stall_probe_after: a.stall_probe_after,
             forget_replicas_after: a.forget_replicas_after,
+            claim_probe_interval: a.claim_probe_interval,
             faults: FaultSettings {
                 failure_rate: a.inject_failure_rate,
                 failure_code: a.inject_failure_code,

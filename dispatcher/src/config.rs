@@ -45,6 +45,9 @@ pub struct DispatcherConfig {
     pub stall_probe_after: Duration,
     /// A replica row without a heartbeat this long is deleted (by any replica's heartbeat).
     pub forget_replicas_after: Duration,
+    /// How often the probe looks for rows the claims' floors skip (at least 10 x its own last
+    /// duration).
+    pub claim_probe_interval: Duration,
     /// Deliberate publish failures (fault injection; off by default).
     pub faults: FaultSettings,
     /// Apply pending migrations at start.
@@ -69,6 +72,7 @@ impl Default for DispatcherConfig {
             breaker: BreakerSettings::default(),
             stall_probe_after: Duration::from_secs(3),
             forget_replicas_after: Duration::from_secs(600),
+            claim_probe_interval: Duration::from_secs(30),
             faults: FaultSettings::default(),
             migrate: false,
         }
@@ -93,6 +97,12 @@ impl DispatcherConfig {
                 "--liveness-timeout ({:?}) must exceed --lock-timeout ({:?}) and be at least 3 x \
                  --max-poll-interval ({:?}), or healthy workers would be reported stuck",
                 self.liveness_timeout, self.lock_timeout, self.idle.max_poll_interval
+            ));
+        }
+        if self.claim_probe_interval < Duration::from_secs(1) {
+            return Err(format!(
+                "--claim-probe-interval ({:?}) must be at least 1s",
+                self.claim_probe_interval
             ));
         }
         if self.forget_replicas_after < Duration::from_secs(60) {
@@ -142,6 +152,9 @@ pub struct BatchSettings {
     pub schedule: RetrySchedule,
     /// Ordering keys visited per ordered claim.
     pub key_scan_limit: i64,
+    /// Unkeyed claims start this long before the oldest row the last claim took (the claim
+    /// module's doc, "Claims start past what is published").
+    pub claim_floor_margin: Duration,
     /// Topics whose ordering keys skip dead-lettered messages instead of blocking behind them.
     pub skip_dead_letter_topics: Vec<String>,
 }
@@ -154,6 +167,7 @@ impl Default for BatchSettings {
             retain_published: false,
             schedule: RetrySchedule::default(),
             key_scan_limit: 2000,
+            claim_floor_margin: Duration::from_secs(5),
             skip_dead_letter_topics: Vec::new(),
         }
     }

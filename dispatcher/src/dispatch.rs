@@ -13,6 +13,7 @@ use outbox_shared::store::claim::KeyCursor;
 
 use crate::breaker::Breaker;
 use crate::config::{BatchSettings, DispatcherConfig, Idle};
+use crate::floors::Floors;
 use crate::liveness::Heartbeats;
 use crate::metrics::Metrics;
 use crate::publisher::Publish;
@@ -29,6 +30,8 @@ pub(crate) struct Dispatch<P> {
     pub(crate) heartbeats: Heartbeats,
     pub(crate) inflight: ByteBudget,
     pub(crate) keys: KeyWalk,
+    /// Where the claims start (what this replica knows is published).
+    pub(crate) floors: Floors,
     pub(crate) stall_probe_after: Duration,
     /// How claim transactions begin (their session settings).
     pub(crate) claim_session: ClaimSession,
@@ -62,6 +65,7 @@ impl<P: Publish> Dispatch<P> {
             heartbeats: Heartbeats::new(config.workers),
             inflight: ByteBudget::new(config.max_inflight_bytes),
             keys: KeyWalk::new(config.batch.batch_size),
+            floors: Floors::new(config.batch.claim_floor_margin),
             stall_probe_after: config.stall_probe_after,
             claim_session: ClaimSession::new(config.lock_timeout),
             in_flight: (AtomicI32::new(0), AtomicI32::new(0)),

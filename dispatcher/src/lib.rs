@@ -7,7 +7,8 @@
 //!   stopped); `tasks`: its background tasks (LISTEN, gauges, purge, endpoints).
 //! - `batch`: one unit of work (claim, check, publish, isolate, decide, settle in one
 //!   transaction); `decide`: its decisions as pure functions; `worker`: the state the workers
-//!   share and the worker loop; `liveness`: the worker heartbeats behind `/healthz`.
+//!   share and the worker loop; `liveness`: the worker heartbeats behind `/healthz`; `floors`:
+//!   where the claims start (what this replica knows is published).
 //! - [`publisher`]: the [`publisher::Publish`] seam and the official Pub/Sub client behind it.
 //! - [`classify`]: publish failures as transient / permanent / not attempted.
 //! - [`breaker`]: pauses claiming while Pub/Sub is unreachable.
@@ -26,6 +27,7 @@ mod decide;
 mod dispatch;
 pub mod error;
 pub mod fault;
+mod floors;
 mod liveness;
 pub mod metrics;
 pub mod ops;

@@ -35,6 +35,11 @@ pub struct Metrics {
     pub isolations: Counter,
     /// Messages published alone to isolate a permanent failure.
     pub isolation_publishes: Counter,
+    /// Rows the probe found that the claims' floors passed over, by kind (unkeyed: a row below
+    /// the floor nobody holds; keyed: a key whose head is below the head this replica knew).
+    pub floor_stragglers: Family<KindLabel, Counter>,
+    /// Ordering keys with rows below the keyed claim floor (old keys, looked up one by one).
+    pub old_keys: Gauge,
     /// Messages per claimed batch.
     pub batch_size: Histogram,
     /// Seconds one batch publish took.
@@ -76,6 +81,8 @@ impl Metrics {
             empty_claims: Counter::default(),
             isolations: Counter::default(),
             isolation_publishes: Counter::default(),
+            floor_stragglers: Family::default(),
+            old_keys: Gauge::default(),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
             publish_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             claim_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
@@ -130,6 +137,16 @@ impl Metrics {
             "isolation_publishes",
             "Requests sent apart to tell a bad message from the request it shared (halved groups, keyed messages alone)",
             m.isolation_publishes.clone(),
+        );
+        r.register(
+            "floor_stragglers",
+            "Rows the probe found below where the claims start (kind: unkeyed, keyed); claims take them next",
+            m.floor_stragglers.clone(),
+        );
+        r.register(
+            "old_keys",
+            "Ordering keys with rows below where keyed claims start (each looked up from its last head)",
+            m.old_keys.clone(),
         );
         r.register(
             "batch_size",

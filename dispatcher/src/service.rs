@@ -213,6 +213,11 @@ fn spawn_background<P: Publish>(
         config.batch.skip_dead_letter_topics.clone(),
         shutdown.clone(),
     ));
+    background.spawn(tasks::keep_floors(
+        dispatch.clone(),
+        config.claim_probe_interval,
+        shutdown.clone(),
+    ));
     if !config.retention.is_zero() {
         background.spawn(tasks::purge(
             pool,

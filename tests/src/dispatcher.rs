@@ -148,3 +148,20 @@ impl Running {
             .expect("the dispatcher stops cleanly");
     }
 }
+
+/// The sum of metric `name` over its label sets in a `/metrics` page (0 when absent); `name` may
+/// carry a label set (`outbox_dead_lettered_total{kind="permanent"}`) to read that one alone.
+pub fn metric_sum(page: &str, name: &str) -> f64 {
+    page.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>()
+}
+
+/// [`metric_sum`] of the `/metrics` page of the dispatcher at `addr`.
+pub async fn metric(addr: &str, name: &str) -> f64 {
+    metric_sum(&crate::process::http_get(addr, "/metrics").await.1, name)
+}

@@ -323,6 +323,11 @@ pub async fn replay(conn: &mut PgConnection, ids: &[i64]) -> Result<Vec<i64>> {
              SELECT COALESCE(outbox_id, nextval(pg_get_serial_sequence('pubsub_outbox', 'id'))),
                     topic, ordering_key, dedupe_key, payload, attributes, created_at
              FROM moved ORDER BY id
+         ), epoch AS (
+             -- A keyed row back below its key's head: dispatchers forget the heads they know
+             -- (claim.rs, \"Claims start past what is published\"), seeing it with the row.
+             UPDATE pubsub_outbox_claim_epoch SET epoch = epoch + 1
+             WHERE EXISTS (SELECT 1 FROM moved WHERE ordering_key IS NOT NULL)
          )
          SELECT id FROM moved ORDER BY id",
     )

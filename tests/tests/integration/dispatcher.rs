@@ -124,7 +124,10 @@ async fn concurrent_claims_never_overlap() {
             limit: 100,
             topics: None,
         };
-        let claimed = claim::claim_batch(&mut tx, &filter).await.expect("claim");
+        let claimed = claim::claim_batch(&mut tx, &filter, None)
+            .await
+            .expect("claim")
+            .messages;
         seen.extend(claimed.iter().map(|m| m.id));
         txs.push(tx);
     }

@@ -5,6 +5,7 @@ mod autoscaling;
 mod credentials;
 mod dispatcher;
 mod dispatcher_options;
+mod floors;
 mod foundation;
 mod inbox;
 mod install;

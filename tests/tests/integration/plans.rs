@@ -11,7 +11,7 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
 use harness::db::TestDb;
-use outbox_shared::store::claim::{self, ClaimFilter, KeyCursor, OrderedClaim};
+use outbox_shared::store::claim::{self, ClaimFilter, KeyCursor, KeyFloor, OrderedClaim};
 
 const KEYS: usize = 500;
 const BACKLOG: usize = 50_000;
@@ -60,9 +60,14 @@ async fn ordered_claim_cost(db: &TestDb, planned: bool) -> (i64, usize) {
         // Enough keys to show the walk's cost, few enough that the unprotected control is quick.
         max_keys: 50,
     };
-    let batch = claim::claim_ordered(&mut tx, &ordered, &KeyCursor::default())
-        .await
-        .expect("claim");
+    let batch = claim::claim_ordered(
+        &mut tx,
+        &ordered,
+        &KeyCursor::default(),
+        &KeyFloor::default(),
+    )
+    .await
+    .expect("claim");
     let touched: i64 = sqlx::query_scalar(
         "SELECT COALESCE(idx_tup_fetch, 0) + COALESCE(seq_tup_read, 0)
          FROM pg_stat_xact_user_tables WHERE relname = 'pubsub_outbox'",

@@ -1,29 +1,74 @@
--- claim_ordered (claim.rs): whole ordering keys, a publishable prefix of each. The steps:
--- heads: a recursive skip-scan over (topic, ordering_key, id) visiting one head per key,
--- evaluated lazily: it stops once `limit` keys are picked. picked: keys whose head is due, not
--- blocked by a dead letter, and not locked by another worker (the head row lock is the key
--- lock; the lateral locks a head only once its key qualifies).
+-- claim_ordered (claim/ordered.rs): whole ordering keys, a publishable prefix of each. The steps:
+-- floor, old: where this replica knows the live keyed rows start ($13: every live row with a
+-- lower id belongs to one of the old keys, $9, $10, $11: each with the head it last had), so the
+-- walk passes over the index entries below the floor without fetching their rows (an index
+-- filter; under a long-held snapshot the entries of published rows cannot be retired, and
+-- fetching each made a claim cost seconds) and looks for an old key's head from the last one.
+-- A replay puts a row back below its key's head: it advances the claim epoch in its own
+-- transaction, and knowledge of another epoch than $12 is not used (floor 0, no old keys).
+-- heads: the walk from the cursor, one step per key, lazily, at most $3 steps: the next key with
+-- a row above the floor, unless the next old key comes first or is that key: then the old key
+-- from its last head (no row: it has none left). picked: keys whose head is due, not blocked by
+-- a dead letter, and not locked by another worker (the head row lock is the key lock; the
+-- lateral locks a head only once its key qualifies).
 -- $1, $2 the key cursor; $3 keys visited at most; $4 now; $5 topics (NULL: all); $6 topics
--- whose keys skip dead letters; $7 rows at most; $8 keys at most.
-WITH RECURSIVE heads(id, topic, ordering_key, due, n) AS (
-    (SELECT o.id, o.topic, o.ordering_key, o.next_attempt_at, 1
-     FROM pubsub_outbox o
-     WHERE o.published_at IS NULL AND o.ordering_key IS NOT NULL
-       AND (o.topic, o.ordering_key) > ($1, $2)
-     ORDER BY o.topic, o.ordering_key, o.id
-     LIMIT 1)
+-- whose keys skip dead letters; $7 rows at most; $8 keys at most (0: a walk that takes none);
+-- $9, $10, $11 the old keys' topics, ordering keys and last heads; $12 the epoch they were seen
+-- in; $13 the floor.
+WITH RECURSIVE
+epoch AS MATERIALIZED (SELECT e.epoch FROM pubsub_outbox_claim_epoch e),
+valid AS MATERIALIZED (SELECT (SELECT epoch FROM epoch) = $12 AS ok),
+floor AS MATERIALIZED (SELECT CASE WHEN (SELECT ok FROM valid) THEN $13::bigint ELSE 0 END AS id),
+-- The old keys after the cursor, put in the index's order (its collation's, which the
+-- caller's need not be).
+old AS MATERIALIZED (
+    SELECT coalesce(array_agg(u.topic ORDER BY u.topic, u.ordering_key), '{}') AS topics,
+           coalesce(array_agg(u.ordering_key ORDER BY u.topic, u.ordering_key), '{}') AS keys,
+           coalesce(array_agg(u.head ORDER BY u.topic, u.ordering_key), '{}') AS heads,
+           count(*) AS n
+    FROM unnest($9::text[], $10::text[], $11::bigint[]) AS u(topic, ordering_key, head)
+    WHERE (SELECT ok FROM valid) AND (u.topic, u.ordering_key) > ($1::text, $2::text)
+),
+heads(id, topic, ordering_key, due, n, i) AS (
+    SELECT NULL::bigint, $1::text, $2::text, NULL::timestamptz, 0, 1
     UNION ALL
-    SELECT nx.id, nx.topic, nx.ordering_key, nx.next_attempt_at, h.n + 1
+    SELECT s.id, s.topic, s.ordering_key, s.due, h.n + 1, s.i
     FROM heads h
     CROSS JOIN LATERAL (
-        SELECT o.id, o.topic, o.ordering_key, o.next_attempt_at
+        SELECT (SELECT topics FROM old)[h.i] AS topic, (SELECT keys FROM old)[h.i] AS ordering_key,
+               (SELECT heads FROM old)[h.i] AS head, h.i <= (SELECT n FROM old) AS present
+    ) ok
+    -- The next key with a row above the floor (the entries below it are passed over in the
+    -- index: `id >= floor` is checked on each index entry before its row is fetched).
+    LEFT JOIN LATERAL (
+        SELECT o.id, o.topic, o.ordering_key, o.next_attempt_at AS due
         FROM pubsub_outbox o
         WHERE o.published_at IS NULL AND o.ordering_key IS NOT NULL
           AND (o.topic, o.ordering_key) > (h.topic, h.ordering_key)
+          AND o.id >= (SELECT id FROM floor)
         ORDER BY o.topic, o.ordering_key, o.id
-        LIMIT 1) nx
+        LIMIT 1) nx ON true
+    CROSS JOIN LATERAL (
+        -- The next old key when it comes first (or is that key): from its last head, bounded by
+        -- equalities on the key so the scan ends with the key.
+        (SELECT k.id, ok.topic, ok.ordering_key, k.due, h.i + 1 AS i
+         FROM (SELECT 1) one
+         LEFT JOIN LATERAL (
+             SELECT o.id, o.next_attempt_at AS due
+             FROM pubsub_outbox o
+             WHERE o.published_at IS NULL AND o.ordering_key IS NOT NULL
+               AND o.topic = ok.topic AND o.ordering_key = ok.ordering_key
+               AND (o.topic, o.ordering_key, o.id) >= (ok.topic, ok.ordering_key, ok.head)
+             ORDER BY o.topic, o.ordering_key, o.id
+             LIMIT 1) k ON true
+         WHERE ok.present
+           AND (nx.id IS NULL OR (nx.topic, nx.ordering_key) >= (ok.topic, ok.ordering_key)))
+        UNION ALL
+        (SELECT nx.id, nx.topic, nx.ordering_key, nx.due, h.i WHERE nx.id IS NOT NULL)
+        LIMIT 1) s
     WHERE h.n < $3
 ),
+visited AS (SELECT * FROM heads WHERE n > 0),
 -- A dead letter holds back the rows of its key after its own place (its outbox id;
 -- none: all of them), unless its topic skips dead letters: `stop`, the key's first
 -- dead-letter position, is where the key's claimable rows end.
@@ -32,8 +77,8 @@ stops AS (
            CASE WHEN h.topic = ANY($6) THEN NULL ELSE (
                SELECT min(COALESCE(d.outbox_id, 0)) FROM pubsub_outbox_dead_letter d
                WHERE d.topic = h.topic AND d.ordering_key = h.ordering_key) END AS stop
-    FROM heads h
-    WHERE h.due <= $4
+    FROM visited h
+    WHERE h.id IS NOT NULL AND h.due <= $4
       AND ($5::text[] IS NULL OR h.topic = ANY($5))
       AND NOT (h.topic = ANY(ARRAY(SELECT p.topic FROM pubsub_outbox_paused_topic p)))
 ),
@@ -73,15 +118,35 @@ claimed AS (
 ),
 -- Resume after the last key picked when the batch filled up (the walk stopped there);
 -- otherwise after the last key visited, or from the start when the walk reached the end.
+-- Every key the walk visited is reported with the head seen there (NULL: none left), with the
+-- epoch and how far the id sequence has allocated, for the floor and the old keys of the next
+-- claims; read as far as the walk went (LIMIT, in walk order, so the report does not drive the
+-- walk further). A walk that takes no key ($8 = 0) goes to $3 steps or the end.
+filled AS MATERIALIZED (SELECT $8 > 0 AND (SELECT count(*) FROM picked) >= $8 AS yes),
 walk AS (
-    SELECT CASE WHEN (SELECT count(*) FROM picked) >= $8
+    SELECT CASE WHEN (SELECT yes FROM filled)
                 THEN (SELECT ARRAY[topic, ordering_key] FROM picked ORDER BY n DESC LIMIT 1)
-                ELSE (SELECT ARRAY[topic, ordering_key] FROM heads ORDER BY n DESC LIMIT 1) END AS last,
-           CASE WHEN (SELECT count(*) FROM picked) >= $8 THEN $3::bigint
-                ELSE (SELECT count(*) FROM heads) END AS visited
+                ELSE (SELECT ARRAY[topic, ordering_key] FROM visited ORDER BY n DESC LIMIT 1) END AS last,
+           CASE WHEN (SELECT yes FROM filled) THEN $3::bigint
+                ELSE (SELECT count(*) FROM visited) END AS visited,
+           CASE WHEN (SELECT yes FROM filled) THEN (SELECT max(n) FROM picked) END AS went
+),
+seen AS (
+    SELECT array_agg(v.topic) AS topics, array_agg(v.ordering_key) AS keys, array_agg(v.id) AS heads
+    FROM (SELECT topic, ordering_key, id FROM visited LIMIT (SELECT went FROM walk)) v
 )
+-- One row of the walk's report, then the claimed rows by key, each key in id order.
 SELECT w.last[1] AS last_topic, w.last[2] AS last_key, w.visited,
-       c.id, c.topic, c.ordering_key, c.dedupe_key, c.payload, c.attributes, c.attempts,
-       c.created_at, c.next_attempt_at
-FROM walk w LEFT JOIN claimed c ON true
-ORDER BY c.topic, c.ordering_key, c.id
+       s.topics AS seen_topics, s.keys AS seen_keys, s.heads AS seen_heads,
+       (SELECT epoch FROM epoch) AS epoch,
+       (SELECT last_value FROM pubsub_outbox_id_seq) AS allocated,
+       NULL::bigint AS id, NULL::text AS topic, NULL::text AS ordering_key,
+       NULL::text AS dedupe_key, NULL::bytea AS payload, NULL::jsonb AS attributes,
+       NULL::int AS attempts, NULL::timestamptz AS created_at, NULL::timestamptz AS next_attempt_at
+FROM walk w CROSS JOIN seen s
+UNION ALL
+(SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+        c.id, c.topic, c.ordering_key, c.dedupe_key, c.payload, c.attributes, c.attempts,
+        c.created_at, c.next_attempt_at
+ FROM claimed c
+ ORDER BY c.topic, c.ordering_key, c.id)

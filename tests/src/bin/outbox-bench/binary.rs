@@ -7,6 +7,7 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
+use harness::dispatcher::metric_sum;
 use harness::process::{Process, Spawn};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -166,17 +167,6 @@ impl DispatcherProcess {
             }
         }
     }
-}
-
-/// The sum of metric `name`'s values over its label sets in a `/metrics` page (0 when absent).
-pub fn metric_sum(page: &str, name: &str) -> f64 {
-    page.lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>()
 }
 
 /// CPU seconds of process `pid` (utime + stime from /proc/<pid>/stat; clock ticks of 1/100 s).

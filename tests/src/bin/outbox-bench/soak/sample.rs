@@ -12,7 +12,9 @@ use sqlx::PgPool;
 use std::fmt::Write as _;
 
 use super::{Phases, Shared, SoakArgs, locked};
-use crate::binary::{DispatcherProcess, metric_sum};
+use harness::dispatcher::metric_sum;
+
+use crate::binary::DispatcherProcess;
 
 /// One sample (the interval ending at `t`).
 #[derive(Debug, Clone, Default)]

@@ -1,136 +1,13 @@
-//! Claiming due `pubsub_outbox` rows for publishing.
-//!
-//! Claim protocol: **row locks held in the claiming transaction** (see ARCHITECTURE.md). The
-//! dispatcher opens a transaction, claims with `FOR UPDATE SKIP LOCKED`, publishes, settles every
-//! row in the same transaction and commits. A dispatcher that dies at any instant drops its
-//! connection; PostgreSQL rolls back and the rows are claimable again at once (a hung but connected
-//! process is bounded by `idle_in_transaction_session_timeout`, set per dispatcher session).
-//!
-//! Two claims, because ordering needs a different unit of exclusion:
-//! - [`claim_batch`]: rows **without** an ordering key, oldest due first; any worker may take any.
-//! - [`claim_ordered`]: **keys**. A worker takes a (topic, ordering key) by locking its head row
-//!   (lowest unpublished id) with `FOR UPDATE SKIP LOCKED`, then the rows behind it in id order,
-//!   stopping at the first row that is not due. So one key is only ever in one worker's hands, a
-//!   key whose head waits for a retry (or sits in the dead-letter table) holds back only its own
-//!   rows, and every other key flows. Keys are visited round-robin from a cursor, so a few busy or
-//!   blocked keys cannot starve the rest. Row locks live in the tuples, not in PostgreSQL's shared
-//!   lock table, so claiming thousands of keys cannot exhaust it (advisory locks per key could:
-//!   20,000 in one transaction failed with "out of shared memory" on a stock server).
-//!
-//! **Plans that cannot collapse.** A queue table is often almost empty when autovacuum looks at
-//! it: after a drain with one straggler at the end of the heap, VACUUM records thousands of pages
-//! and one live row (`reltuples` = 1, and ~1 for every index), and the planner extrapolates that
-//! density to a backlog of any size. It then believes every index lookup reads the whole index,
-//! and chooses bitmap heap scans plus sorts: each step of the ordered claim's head walk read every
-//! later key's rows (measured: 50,000 rows over 500 keys, 2,005,776 buffers and 14.3 s per claim,
-//! against 7,765 buffers and 15 ms on fresh statistics) until autoanalyze ran again. So every
-//! claim transaction starts with [`ClaimSession::begin`], which turns sequential scans, bitmap scans and sorts
-//! off for that transaction only (`SET LOCAL`, in the `BEGIN` round trip; safe behind a
-//! transaction-mode pooler), and JIT too (the disabled nodes' cost penalty would otherwise
-//! trigger a ~0.9 s JIT compilation). The claims are written so that an index walk is always
-//! possible without a sort, and no other index gives the order: the head walk and each key's rows
-//! are range walks of the key index in `(topic, ordering_key, id)` order (with an equality on the
-//! key, the primary key's id order would also do, as a scan of every row with a filter: on stale
-//! statistics that is what the planner took, the indexes being ranked by size). Whatever the
-//! statistics say, the plan is then the index walk: 50,000 rows over 500 keys, 10,909 buffers per
-//! claim on stale statistics and on fresh ones alike.
+//! The ordered claim ([`claim_ordered`]): whole ordering keys, a publishable prefix of each,
+//! walking keys round-robin from a cursor and from the heads this replica already knows (the
+//! parent module's doc says why, and its statement in `sql/claim_ordered.sql` how).
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+use sqlx::PgConnection;
 
+use super::ClaimFilter;
 use crate::error::{DbContext, Result};
 use crate::message::{Attributes, ClaimedMessage};
-use crate::store::outbox::MessageRow;
-
-/// How a claim transaction begins: its `BEGIN` and the settings it needs, scoped to the
-/// transaction (`SET LOCAL`, sent in the `BEGIN` round trip), so they hold on any session, also
-/// one a transaction-mode pooler hands out:
-/// - the planner settings of the module doc ("Plans that cannot collapse");
-/// - `synchronous_commit = off`: a lost settle only re-publishes (consumers dedupe), and not
-///   waiting for the WAL flush makes 1.2-2.3x more batches per second at small batch sizes;
-/// - `idle_in_transaction_session_timeout`: a claim left idle this long belongs to a hung
-///   dispatcher; the server ends it and the rows are claimable again.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClaimSession {
-    begin: String,
-}
-
-impl ClaimSession {
-    /// Claim transactions ended by the server after `idle_timeout` without a statement.
-    pub fn new(idle_timeout: std::time::Duration) -> Self {
-        Self {
-            begin: format!(
-                "BEGIN; SET LOCAL synchronous_commit = off; \
-                 SET LOCAL idle_in_transaction_session_timeout = {}; \
-                 SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; \
-                 SET LOCAL enable_sort = off; SET LOCAL jit = off",
-                idle_timeout.as_millis().max(1)
-            ),
-        }
-    }
-
-    /// Starts a claim transaction on a connection of `pool` (one round trip, like a plain
-    /// `BEGIN`). Claim, publish and settle in it, then commit.
-    pub async fn begin(&self, pool: &PgPool) -> Result<Transaction<'static, Postgres>> {
-        pool.begin_with(self.begin.clone())
-            .await
-            .context("starting a claim transaction")
-    }
-}
-
-/// Which rows a claim may take.
-#[derive(Debug, Clone)]
-pub struct ClaimFilter<'a> {
-    /// Rows due at or before this instant.
-    pub now: DateTime<Utc>,
-    /// At most this many rows.
-    pub limit: i64,
-    /// Only these full topic names (None: every topic).
-    pub topics: Option<&'a [String]>,
-}
-
-// Paused topics (see [`super::pause`]) are skipped by reading the pause table in the claim
-// statement itself, as an array computed once per statement (`ARRAY(SELECT …)`, an init plan;
-// not a join: an anti-join made the planner expect one row and sort the whole outbox). So a
-// pause is in force once its transaction commits: a claim whose snapshot is older cannot see
-// rows committed after the pause either.
-
-/// Locks and returns up to `filter.limit` due rows **without an ordering key**, oldest due first,
-/// skipping rows other workers hold. Run inside a transaction kept open until they are settled.
-#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
-pub async fn claim_batch(
-    conn: &mut PgConnection,
-    filter: &ClaimFilter<'_>,
-) -> Result<Vec<ClaimedMessage>> {
-    // A materialized CTE bounds the locking to exactly `limit` rows and keeps a safe plan even
-    // when the plan cache switches to a generic plan; `id IN (SELECT … LIMIT … SKIP LOCKED)`
-    // inlined into the outer query can lock more rows than it returns and seq-scans generically.
-    // The CTE returns the columns of the rows it locked (FOR UPDATE returns the locked, rechecked
-    // version), so no second lookup by primary key is needed.
-    let rows: Vec<MessageRow> = sqlx::query_as(
-        "WITH claimed AS MATERIALIZED (
-             SELECT id, topic, ordering_key, dedupe_key, payload, attributes, attempts, created_at
-             FROM pubsub_outbox
-             WHERE published_at IS NULL AND ordering_key IS NULL
-               AND next_attempt_at <= $1
-               AND ($3::text[] IS NULL OR topic = ANY($3))
-               AND NOT (topic = ANY(ARRAY(SELECT p.topic FROM pubsub_outbox_paused_topic p)))
-             ORDER BY next_attempt_at, id
-             LIMIT $2
-             FOR UPDATE SKIP LOCKED)
-         SELECT id, topic, ordering_key, dedupe_key, payload, attributes, attempts, created_at
-         FROM claimed
-         ORDER BY id",
-    )
-    .persistent(crate::store::named_statements())
-    .bind(filter.now)
-    .bind(filter.limit)
-    .bind(filter.topics)
-    .fetch_all(&mut *conn)
-    .await
-    .context("claiming due rows from pubsub_outbox")?;
-    Ok(rows.into_iter().map(ClaimedMessage::from).collect())
-}
 
 /// Where the round-robin walk over ordering keys resumes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -154,6 +31,35 @@ pub struct OrderedClaim<'a> {
     pub max_keys: i64,
 }
 
+/// Where a replica knows the live keyed rows start: every live row with an id below `floor`
+/// belongs to one of the old keys, each given with the head (lowest id) it last had; gathered in
+/// claim epoch `epoch` (the parent module's doc). The default knows nothing: the walk fetches
+/// every index entry from each key's start.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyFloor {
+    /// Ids below this belong to the old keys or are published.
+    pub floor: i64,
+    /// The old keys' topics.
+    pub topics: Vec<String>,
+    /// The old keys' ordering keys.
+    pub keys: Vec<String>,
+    /// The old keys' last heads.
+    pub heads: Vec<i64>,
+    /// The epoch this was gathered in.
+    pub epoch: i64,
+}
+
+/// A key a claim visited and the head it had there (`None`: no row left).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeenHead {
+    /// The key's topic.
+    pub topic: String,
+    /// The ordering key.
+    pub ordering_key: String,
+    /// Its lowest unpublished id, if any.
+    pub head: Option<i64>,
+}
+
 /// What [`claim_ordered`] found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OrderedBatch {
@@ -166,6 +72,12 @@ pub struct OrderedBatch {
     /// Keys that had more rows than their share of the row limit (fewer keys per claim would
     /// have filled the batch with fewer publish requests).
     pub saturated_keys: usize,
+    /// Every key the walk visited, with the head it had (for the next claims' floor).
+    pub seen: Vec<SeenHead>,
+    /// The claim epoch the walk read (another than the floor's: the floor was not used).
+    pub epoch: i64,
+    /// How far the id sequence had allocated when the walk ran.
+    pub allocated: i64,
 }
 
 #[derive(sqlx::FromRow)]
@@ -173,7 +85,13 @@ struct KeyedRow {
     /// Where the walk stopped (the next claim resumes after it) and how many keys it visited.
     last_topic: Option<String>,
     last_key: Option<String>,
-    visited: i64,
+    visited: Option<i64>,
+    /// The keys visited and their heads, and the claim epoch (on the walk's row only).
+    seen_topics: Option<Vec<String>>,
+    seen_keys: Option<Vec<String>>,
+    seen_heads: Option<Vec<Option<i64>>>,
+    epoch: Option<i64>,
+    allocated: Option<i64>,
     /// A claimed row; all NULL when no key was picked.
     id: Option<i64>,
     topic: Option<String>,
@@ -204,7 +122,7 @@ impl KeyedRow {
 }
 
 /// The ordered claim's statement (its steps are commented in the file).
-const CLAIM_ORDERED: &str = include_str!("sql/claim_ordered.sql");
+const CLAIM_ORDERED: &str = include_str!("../sql/claim_ordered.sql");
 
 /// Claims whole ordering keys (see the module doc) and returns the publishable prefix of each:
 /// its rows from the head in id order, up to the first row not yet due.
@@ -213,6 +131,39 @@ pub async fn claim_ordered(
     conn: &mut PgConnection,
     claim: &OrderedClaim<'_>,
     cursor: &KeyCursor,
+    floor: &KeyFloor,
+) -> Result<OrderedBatch> {
+    let max_keys = claim.max_keys.clamp(1, claim.filter.limit.max(1));
+    walk(conn, claim, cursor, floor, max_keys).await
+}
+
+/// The ordered claim's walk alone: up to `scan_limit` keys from `cursor` and the head each has,
+/// taking none (the floor probe's walk, `crate::store::claim::probe`).
+pub async fn walk_keys(
+    conn: &mut PgConnection,
+    cursor: &KeyCursor,
+    scan_limit: i64,
+    floor: &KeyFloor,
+) -> Result<OrderedBatch> {
+    let walk_only = OrderedClaim {
+        filter: ClaimFilter {
+            now: Utc::now(),
+            limit: 1,
+            topics: None,
+        },
+        scan_limit,
+        skip_dead_letter_topics: &[],
+        max_keys: 0,
+    };
+    walk(conn, &walk_only, cursor, floor, 0).await
+}
+
+async fn walk(
+    conn: &mut PgConnection,
+    claim: &OrderedClaim<'_>,
+    cursor: &KeyCursor,
+    floor: &KeyFloor,
+    max_keys: i64,
 ) -> Result<OrderedBatch> {
     let f = &claim.filter;
     // The statement and its steps: sql/claim_ordered.sql.
@@ -225,7 +176,12 @@ pub async fn claim_ordered(
         .bind(f.topics)
         .bind(claim.skip_dead_letter_topics)
         .bind(f.limit)
-        .bind(claim.max_keys.clamp(1, f.limit.max(1)))
+        .bind(max_keys)
+        .bind(&floor.topics)
+        .bind(&floor.keys)
+        .bind(&floor.heads)
+        .bind(floor.epoch)
+        .bind(floor.floor)
         .fetch_all(&mut *conn)
         .await
         .context("claiming ordering keys from pubsub_outbox")?;
@@ -233,12 +189,34 @@ pub async fn claim_ordered(
     let mut scanned = 0;
     let mut last: Option<(String, String)> = None;
     let mut found = Vec::new();
+    let mut seen = Vec::new();
+    let (mut epoch, mut allocated) = (floor.epoch, 0);
     for mut row in rows {
-        scanned = row.visited;
+        if let Some(visited) = row.visited {
+            scanned = visited;
+        }
+        epoch = row.epoch.unwrap_or(epoch);
+        allocated = row.allocated.unwrap_or(allocated);
+        if let (Some(topics), Some(keys), Some(heads)) = (
+            row.seen_topics.take(),
+            row.seen_keys.take(),
+            row.seen_heads.take(),
+        ) {
+            seen = topics
+                .into_iter()
+                .zip(keys)
+                .zip(heads)
+                .map(|((topic, ordering_key), head)| SeenHead {
+                    topic,
+                    ordering_key,
+                    head,
+                })
+                .collect();
+        }
         if let (Some(t), Some(k)) = (row.last_topic.take(), row.last_key.take()) {
             last = Some((t, k));
         }
-        // The LEFT JOIN yields one all-NULL row when no key was picked.
+        // The walk's row has no claimed row in it.
         if let Some(claimed) = row.claimed() {
             found.push(claimed);
         }
@@ -259,6 +237,9 @@ pub async fn claim_ordered(
         next_cursor,
         saturated_keys,
         keys,
+        seen,
+        epoch,
+        allocated,
     })
 }
 

@@ -1,0 +1,403 @@
+//! Claims start past what is published (issue #26; `outbox_shared::store::claim`, "Claims start
+//! past what is published"): under a held snapshot a claim fetches only the rows above its floor,
+//! and no row is lost or reordered by a floor: a replay below it goes out first, a row committed
+//! after the floor passed it is found by the probe.
+//!
+//! Costs are read from the transaction's own statistics (index entries read), not from a clock.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use google_cloud_gax::error::rpc::Code;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+
+use harness::db::TestDb;
+use harness::dispatcher::{self as test_dispatcher, Running, metric, real_publisher};
+use harness::fixtures::{enqueue, keyed_dedupe as dedupe, keyed_messages, message};
+use harness::pubsub::TestTopic;
+use harness::wait::{drained, wait_until};
+use outbox_dispatcher::config::DispatcherConfig;
+use outbox_dispatcher::fault::{Fault, FaultInjector};
+use outbox_shared::store::claim::{self, ClaimFilter, ClaimSession, KeyCursor, KeyFloor};
+use outbox_shared::store::dead_letter;
+
+const KEYS: usize = 200;
+
+/// Index entries the current transaction's scans of the outbox's indexes read: a live row's
+/// and a published one's alike (under a held snapshot each of those also costs a fetch of the
+/// row, to learn it is gone).
+async fn entries_read(tx: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar(
+        "SELECT sum(pg_stat_get_xact_tuples_returned(indexrelid))::bigint
+         FROM pg_index WHERE indrelid = 'pubsub_outbox'::regclass",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .expect("read the transaction's index statistics")
+}
+
+/// A session of its own (a session's not yet reported counts of earlier transactions show in
+/// the `xact` functions too).
+async fn session(db: &TestDb) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(db.options())
+        .await
+        .expect("a session of its own")
+}
+
+/// The walk over every key from `floor`: the heads it saw and the index entries it read.
+async fn walk_cost(db: &TestDb, floor: &KeyFloor) -> (Vec<(String, Option<i64>)>, i64) {
+    let pool = session(db).await;
+    let mut tx = ClaimSession::new(Duration::from_secs(60))
+        .begin(&pool)
+        .await
+        .expect("begin");
+    let walk = claim::walk_keys(&mut tx, &KeyCursor::default(), 10_000, floor)
+        .await
+        .expect("walk");
+    let read = entries_read(&mut tx).await;
+    tx.rollback().await.expect("rollback");
+    pool.close().await;
+    let heads = walk
+        .seen
+        .into_iter()
+        .map(|s| (s.ordering_key, s.head))
+        .collect();
+    (heads, read)
+}
+
+/// The unkeyed claim from `floor`: the ids it took and the index entries it read.
+async fn unkeyed_cost(db: &TestDb, floor: Option<chrono::DateTime<Utc>>) -> (Vec<i64>, i64) {
+    let pool = session(db).await;
+    let mut tx = ClaimSession::new(Duration::from_secs(60))
+        .begin(&pool)
+        .await
+        .expect("begin");
+    let filter = ClaimFilter {
+        now: Utc::now(),
+        limit: 500,
+        topics: None,
+    };
+    let batch = claim::claim_batch(&mut tx, &filter, floor)
+        .await
+        .expect("claim");
+    let read = entries_read(&mut tx).await;
+    tx.rollback().await.expect("rollback");
+    pool.close().await;
+    (batch.messages.iter().map(|m| m.id).collect(), read)
+}
+
+#[tokio::test]
+async fn under_a_held_snapshot_claims_fetch_only_the_rows_above_their_floor() {
+    let db = TestDb::new().await;
+    // 40 keyed rows per key and 20,000 unkeyed ones, all due.
+    sqlx::query(
+        "INSERT INTO pubsub_outbox (topic, ordering_key, dedupe_key, payload, next_attempt_at)
+         SELECT 'projects/p/topics/floors',
+                CASE WHEN g <= $1 * 40 THEN 'key-' || lpad((g % $1)::text, 4, '0') END,
+                'd-' || g, convert_to(repeat('x', 500), 'UTF8'),
+                now() - interval '1 hour' + g * interval '1 ms'
+         FROM generate_series(1, $1 * 40 + 20000) g",
+    )
+    .bind(KEYS as i64)
+    .execute(&db.pool)
+    .await
+    .expect("fill the outbox");
+    sqlx::query("VACUUM ANALYZE pubsub_outbox")
+        .execute(&db.pool)
+        .await
+        .expect("vacuum");
+
+    // A report holds a snapshot while most rows are published (deleted, as the dispatcher does):
+    // every key keeps its last 4 rows, the unkeyed queue its newest 1,000.
+    let holder = session(&db).await;
+    let mut snapshot = holder.begin().await.expect("begin");
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *snapshot)
+        .await
+        .expect("repeatable read");
+    sqlx::query("SELECT count(*) FROM pubsub_outbox")
+        .execute(&mut *snapshot)
+        .await
+        .expect("take the snapshot");
+    let keyed_end = (KEYS * 40) as i64;
+    sqlx::query("DELETE FROM pubsub_outbox WHERE id <= $1 - $2 OR (id > $1 AND id <= $1 + 19000)")
+        .bind(keyed_end)
+        .bind((KEYS * 4) as i64)
+        .execute(&db.pool)
+        .await
+        .expect("publish most rows");
+
+    // Keyed: every live row is above the floor (no old keys).
+    let floor = KeyFloor {
+        floor: keyed_end - (KEYS * 4) as i64 + 1,
+        ..KeyFloor::default()
+    };
+    let (from_start, start_read) = walk_cost(&db, &KeyFloor::default()).await;
+    let (from_floor, floor_read) = walk_cost(&db, &floor).await;
+    println!(
+        "keyed walk under the snapshot: {start_read} index entries from the start, {floor_read} from the floor"
+    );
+    assert_eq!(from_start.len(), KEYS, "the walk saw every key");
+    assert_eq!(
+        from_floor, from_start,
+        "the same heads, from the floor or the start"
+    );
+    assert!(
+        floor_read * 10 < start_read,
+        "the walk from the floor read {floor_read} index entries, from the start {start_read}"
+    );
+
+    // An old key: its rows below the floor are found from its last head.
+    let old_key = format!("key-{:04}", 7);
+    let old_head = from_start
+        .iter()
+        .find(|(k, _)| *k == old_key)
+        .and_then(|(_, h)| *h)
+        .expect("the key's head");
+    let above_all = KeyFloor {
+        floor: keyed_end + 1,
+        topics: vec!["projects/p/topics/floors".into()],
+        keys: vec![old_key.clone()],
+        heads: vec![old_head],
+        ..KeyFloor::default()
+    };
+    let (seen, _) = walk_cost(&db, &above_all).await;
+    assert_eq!(
+        seen,
+        vec![(old_key, Some(old_head))],
+        "only the old key has rows below a floor above every row"
+    );
+
+    // Unkeyed: from the oldest live row's due time, the same rows.
+    let oldest_live: chrono::DateTime<Utc> = sqlx::query_scalar(
+        "SELECT min(next_attempt_at) FROM pubsub_outbox WHERE ordering_key IS NULL",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("oldest unkeyed row");
+    let (from_start, start_read) = unkeyed_cost(&db, None).await;
+    let (from_floor, floor_read) = unkeyed_cost(&db, Some(oldest_live)).await;
+    println!(
+        "unkeyed claim under the snapshot: {start_read} index entries from the start, {floor_read} from the floor"
+    );
+    assert_eq!(from_start.len(), 500);
+    assert_eq!(
+        from_floor, from_start,
+        "the same rows, from the floor or the start"
+    );
+    assert!(
+        floor_read * 10 < start_read,
+        "the unkeyed claim from the floor read {floor_read} index entries, from the start {start_read}"
+    );
+    snapshot.rollback().await.expect("release the snapshot");
+}
+
+/// Test settings whose floors move fast: no margin, a probe every second.
+fn fast_floors() -> DispatcherConfig {
+    let mut config = test_dispatcher::config();
+    config.batch.claim_floor_margin = Duration::ZERO;
+    config.claim_probe_interval = Duration::from_secs(1);
+    config
+}
+
+/// Waits until the running dispatcher's keyed floor passed a key held behind a dead letter
+/// (it is then an old key).
+async fn floor_passed_a_held_key(running: &Running) {
+    wait_until(
+        "the floor passes the held key",
+        Duration::from_secs(20),
+        || {
+            let addr = running.addr();
+            async move {
+                let old = metric(&addr, "outbox_old_keys").await;
+                if old >= 1.0 {
+                    Ok(())
+                } else {
+                    Err(format!("{old} old keys"))
+                }
+            }
+        },
+    )
+    .await;
+}
+
+/// The dedupe keys of `key`'s messages in the order they arrived on the ordered subscription.
+fn arrival_order(received: &[harness::pubsub::Received], key: usize) -> Vec<String> {
+    received
+        .iter()
+        .map(|r| r.dedupe_key())
+        .filter(|k| k.starts_with(&format!("k{key:03}-")))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_replay_below_the_floor_goes_out_before_the_rows_that_waited_behind_it() {
+    let db = TestDb::new().await;
+    let topic = TestTopic::new(true).await;
+    let (keys, per_key) = (3, 6);
+    enqueue(&db.pool, &keyed_messages(&topic.topic, keys, per_key)).await;
+    // Key 1's third message is refused on its first two publishes (the batch, then alone): it is
+    // dead-lettered and key 1 waits behind it.
+    let publisher = FaultInjector::passthrough(real_publisher().await);
+    publisher.fail(
+        &dedupe(1, 2),
+        Fault {
+            code: Code::InvalidArgument,
+            times: Some(2),
+        },
+    );
+    let d = test_dispatcher::build_service(&db, publisher, fast_floors()).await;
+    let running = Running::start(d);
+    floor_passed_a_held_key(&running).await;
+
+    let mut conn = db.pool.acquire().await.expect("conn");
+    let dead = dead_letter::list(&mut conn, None, 10)
+        .await
+        .expect("dead letters");
+    assert_eq!(dead.len(), 1, "the refused message is the only dead letter");
+    dead_letter::replay(&mut conn, &[dead[0].id])
+        .await
+        .expect("replay");
+    drop(conn);
+    drained(&db.pool, Duration::from_secs(30)).await;
+    running.stop().await;
+
+    let received = topic.pull(keys * per_key, Duration::from_secs(5)).await;
+    for key in 0..keys {
+        let expected: Vec<String> = (0..per_key).map(|s| dedupe(key, s)).collect();
+        assert_eq!(
+            arrival_order(&received, key),
+            expected,
+            "key {key} arrived in enqueue order, the replayed message in its place"
+        );
+    }
+}
+
+#[tokio::test]
+async fn rows_committed_after_the_floors_passed_them_are_found_by_the_probe() {
+    let db = TestDb::new().await;
+    let topic = TestTopic::new(true).await;
+    let t = topic.topic.as_str();
+    // Two writers whose transactions stay open while the dispatcher drains later rows: one
+    // writes a key of its own, one an unkeyed row (due from its transaction's start).
+    let mut late_keyed = db.pool.begin().await.expect("begin");
+    enqueue_in(
+        &mut late_keyed,
+        message(t, "late-keyed", &[]).with_ordering_key("late"),
+    )
+    .await;
+    let mut late_unkeyed = db.pool.begin().await.expect("begin");
+    enqueue_in(&mut late_unkeyed, message(t, "late-unkeyed", &[])).await;
+
+    // A key held behind a dead letter shows when the keyed floor passed it (and so the late
+    // keyed row, whose id is lower).
+    let mut rows = keyed_messages(t, 2, 4);
+    rows.extend((0..20).map(|i| message(t, &format!("early-{i}"), &[])));
+    enqueue(&db.pool, &rows).await;
+    let publisher = FaultInjector::passthrough(real_publisher().await);
+    publisher.fail(
+        &dedupe(0, 1),
+        Fault {
+            code: Code::InvalidArgument,
+            times: None,
+        },
+    );
+    let mut config = fast_floors();
+    config.batch.claim_floor_margin = Duration::from_secs(1);
+    let d = test_dispatcher::build_service(&db, publisher, config).await;
+    let running = Running::start(d);
+    floor_passed_a_held_key(&running).await;
+    // Unkeyed rows due more than the margin after the late one: claiming them moves the
+    // unkeyed floor past it.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    enqueue(
+        &db.pool,
+        &(0..20)
+            .map(|i| message(t, &format!("later-{i}"), &[]))
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    wait_until(
+        "the later rows are published",
+        Duration::from_secs(20),
+        || {
+            let pool = db.pool.clone();
+            async move {
+                let left: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pubsub_outbox WHERE dedupe_key LIKE 'later-%'",
+                )
+                .fetch_one(&pool)
+                .await
+                .map_err(|e| e.to_string())?;
+                if left == 0 {
+                    Ok(())
+                } else {
+                    Err(format!("{left} left"))
+                }
+            }
+        },
+    )
+    .await;
+
+    late_keyed
+        .commit()
+        .await
+        .expect("commit the late keyed row");
+    late_unkeyed
+        .commit()
+        .await
+        .expect("commit the late unkeyed row");
+    wait_until(
+        "the probe finds both late rows",
+        Duration::from_secs(30),
+        || {
+            let pool = db.pool.clone();
+            async move {
+                let left: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pubsub_outbox WHERE dedupe_key LIKE 'late-%'",
+                )
+                .fetch_one(&pool)
+                .await
+                .map_err(|e| e.to_string())?;
+                if left == 0 {
+                    Ok(())
+                } else {
+                    Err(format!("{left} left"))
+                }
+            }
+        },
+    )
+    .await;
+    for kind in ["keyed", "unkeyed"] {
+        let found = metric(
+            &running.addr(),
+            &format!("outbox_floor_stragglers_total{{kind=\"{kind}\"}}"),
+        )
+        .await;
+        assert!(
+            found >= 1.0,
+            "the {kind} late row was found by the probe, below the floor"
+        );
+    }
+    running.stop().await;
+    let received = topic.pull(2 + 20 + 20 + 5, Duration::from_secs(5)).await;
+    let keys: Vec<String> = received
+        .iter()
+        .map(|r| r.dedupe_key())
+        .map(str::to_owned)
+        .collect();
+    for late in ["late-keyed", "late-unkeyed"] {
+        assert!(keys.iter().any(|k| k == late), "{late} arrived");
+    }
+}
+
+/// Enqueues `m` in the caller's transaction (left open).
+async fn enqueue_in(tx: &mut sqlx::PgConnection, m: outbox_shared::NewMessage) {
+    outbox_shared::enqueue_batch(&mut *tx, &[m])
+        .await
+        .expect("enqueue");
+}
