@@ -182,9 +182,10 @@ async fn claim<'d, P: Publish>(
             limit: room,
             ..filter
         };
-        let batch = claim::claim_batch(tx, &unkeyed, d.floors.unkeyed()).await?;
-        if let Some(oldest) = batch.oldest_due {
-            d.floors.took_unkeyed(oldest);
+        let (floor, epoch) = d.floors.unkeyed();
+        let batch = claim::claim_batch(tx, &unkeyed, floor, epoch).await?;
+        if let (Some(oldest), Some(epoch)) = (batch.oldest_due, batch.epoch) {
+            d.floors.took_unkeyed(epoch, oldest);
             give_back.oldest = Some(oldest);
         }
         claimed.extend(batch.messages);

@@ -6,7 +6,8 @@
 //! over every key) and lowers either when it finds a row they passed over.
 //!
 //! Invariants: the unkeyed floor is at most the oldest due time a claim took less the margin,
-//! and goes back to the due time of any row given back. Every live keyed row with an id below
+//! and goes back to the due time of any row given back (a resume, which makes a paused topic's
+//! rows claimable below it, advances the epoch). Every live keyed row with an id below
 //! the keyed floor belongs to an old key, and an old key's known head is at most its lowest id,
 //! but for rows a floor may miss by design (a writer transaction longer than the margin, a
 //! second concurrent writer of one key), which the probe finds. Knowledge of an older epoch is
@@ -25,14 +26,17 @@ const SAMPLES_FOR: Duration = Duration::from_secs(600);
 /// The claims' floors.
 #[derive(Debug)]
 pub(crate) struct Floors {
-    unkeyed: Mutex<Option<DateTime<Utc>>>,
-    keyed: Mutex<Keyed>,
+    state: Mutex<State>,
     margin: Duration,
 }
 
+/// What the floors know, all of one claim epoch.
 #[derive(Debug, Default)]
-struct Keyed {
+struct State {
     epoch: i64,
+    /// Where unkeyed claims start (`None`: at the start).
+    unkeyed: Option<DateTime<Utc>>,
+    /// Ids below this belong to the old keys or are published.
     floor: i64,
     /// The old keys and their last heads.
     old: BTreeMap<(String, String), i64>,
@@ -46,42 +50,46 @@ impl Floors {
     /// before a walk over every key began.
     pub(crate) fn new(margin: Duration) -> Self {
         Self {
-            unkeyed: Mutex::new(None),
-            keyed: Mutex::new(Keyed::default()),
+            state: Mutex::new(State::default()),
             margin,
         }
     }
 
-    /// Where unkeyed claims start (`None`: at the start).
-    pub(crate) fn unkeyed(&self) -> Option<DateTime<Utc>> {
-        self.unkeyed.lock().ok().and_then(|f| *f)
+    /// Where unkeyed claims start (`None`: at the start), and its epoch.
+    pub(crate) fn unkeyed(&self) -> (Option<DateTime<Utc>>, i64) {
+        self.state
+            .lock()
+            .map_or((None, 0), |s| (s.unkeyed, s.epoch))
     }
 
-    /// An unkeyed claim took rows, the oldest due at `oldest`: the floor follows (never back).
-    pub(crate) fn took_unkeyed(&self, oldest: DateTime<Utc>) {
+    /// An unkeyed claim that read `epoch` took rows, the oldest due at `oldest`: the floor
+    /// follows (never back).
+    pub(crate) fn took_unkeyed(&self, epoch: i64, oldest: DateTime<Utc>) {
         let margin = chrono::Duration::from_std(self.margin).unwrap_or(chrono::Duration::MAX);
         let Some(candidate) = oldest.checked_sub_signed(margin) else {
             return;
         };
-        if let Ok(mut floor) = self.unkeyed.lock() {
-            *floor = Some(floor.map_or(candidate, |f| f.max(candidate)));
+        if let Ok(mut s) = self.state.lock()
+            && s.at_epoch(epoch)
+        {
+            s.unkeyed = Some(s.unkeyed.map_or(candidate, |f| f.max(candidate)));
         }
     }
 
     /// Unkeyed rows due from `oldest` on went back to the queue (given back by a batch, or found
     /// by the probe): the floor goes back to them.
     pub(crate) fn lower_unkeyed(&self, oldest: DateTime<Utc>) {
-        if let Ok(mut floor) = self.unkeyed.lock()
-            && floor.is_some_and(|f| f > oldest)
+        if let Ok(mut s) = self.state.lock()
+            && s.unkeyed.is_some_and(|f| f > oldest)
         {
-            *floor = Some(oldest);
+            s.unkeyed = Some(oldest);
         }
     }
 
     /// The keyed floor for a walk from `cursor`, with at most `limit` old keys after it (in this
     /// process's order; the claim puts them in the index's).
     pub(crate) fn key_floor(&self, cursor: &KeyCursor, limit: usize) -> KeyFloor {
-        let Ok(k) = self.keyed.lock() else {
+        let Ok(k) = self.state.lock() else {
             return KeyFloor::default();
         };
         let after = (cursor.topic.clone(), cursor.ordering_key.clone());
@@ -106,7 +114,7 @@ impl Floors {
     /// key seen below the floor becomes old. A newer epoch drops all that was known; an older
     /// one is ignored.
     pub(crate) fn saw(&self, epoch: i64, allocated: i64, seen: &[SeenHead]) {
-        let Ok(mut k) = self.keyed.lock() else {
+        let Ok(mut k) = self.state.lock() else {
             return;
         };
         if !k.at_epoch(epoch) {
@@ -144,7 +152,7 @@ impl Floors {
     /// how far the sequence had allocated `margin` ago. Ids up to there belong to transactions
     /// that began at least that long ago.
     pub(crate) fn candidate(&self) -> (i64, i64) {
-        let Ok(k) = self.keyed.lock() else {
+        let Ok(k) = self.state.lock() else {
             return (0, 0);
         };
         let Some(then) = Instant::now().checked_sub(self.margin) else {
@@ -161,21 +169,33 @@ impl Floors {
 
     /// A walk over every key, from the floor, begun when [`Self::candidate`] said `candidate`
     /// in `epoch`, saw these heads: the floor rises to the candidate and the keys seen with a
-    /// lower head are the old keys. False when the epoch changed meanwhile (nothing changes).
-    pub(crate) fn raise(&self, epoch: i64, candidate: i64, seen: &[SeenHead]) -> bool {
-        let Ok(mut k) = self.keyed.lock() else {
+    /// lower head are the old keys. Nothing changes when the epoch changed meanwhile, or when
+    /// more than `max_old` keys would be old (a backlog over many keys: each claim would carry
+    /// them all, for index entries a backlog's claims hardly walk anyway). Returns whether it rose.
+    pub(crate) fn raise(
+        &self,
+        epoch: i64,
+        candidate: i64,
+        seen: &[SeenHead],
+        max_old: usize,
+    ) -> bool {
+        let Ok(mut k) = self.state.lock() else {
             return false;
         };
         if epoch != k.epoch || candidate < k.floor {
             return false;
         }
-        k.old = seen
+        let old: BTreeMap<(String, String), i64> = seen
             .iter()
             .filter_map(|s| {
                 let head = s.head.filter(|h| *h < candidate)?;
                 Some(((s.topic.clone(), s.ordering_key.clone()), head))
             })
             .collect();
+        if old.len() > max_old {
+            return false;
+        }
+        k.old = old;
         k.floor = candidate;
         true
     }
@@ -184,7 +204,7 @@ impl Floors {
     /// the floor that is not old, or old with a lower head, is a row the floor passed over; it
     /// becomes old with that head. Returns how many.
     pub(crate) fn probed(&self, epoch: i64, seen: &[SeenHead]) -> usize {
-        let Ok(mut k) = self.keyed.lock() else {
+        let Ok(mut k) = self.state.lock() else {
             return 0;
         };
         if epoch != k.epoch {
@@ -207,20 +227,20 @@ impl Floors {
 
     /// The old keys (for the metrics).
     pub(crate) fn old_keys(&self) -> usize {
-        self.keyed.lock().map_or(0, |k| k.old.len())
+        self.state.lock().map_or(0, |k| k.old.len())
     }
 }
 
-impl Keyed {
-    /// Whether knowledge of `epoch` applies, dropping what is known when it is newer.
+impl State {
+    /// Whether knowledge of `epoch` applies, dropping all that is known when it is newer.
     fn at_epoch(&mut self, epoch: i64) -> bool {
         if epoch < self.epoch {
             return false;
         }
         if epoch > self.epoch {
-            *self = Keyed {
+            *self = State {
                 epoch,
-                ..Keyed::default()
+                ..State::default()
             };
         }
         true
@@ -252,15 +272,20 @@ mod tests {
     fn the_unkeyed_floor_trails_the_oldest_row_taken_by_the_margin_and_goes_back_for_rows_given_back()
      {
         let f = Floors::new(Duration::from_secs(5));
-        assert_eq!(f.unkeyed(), None, "nothing known: from the start");
-        f.took_unkeyed(at(100));
-        assert_eq!(f.unkeyed(), Some(at(95)));
-        f.took_unkeyed(at(90));
-        assert_eq!(f.unkeyed(), Some(at(95)), "never back on a claim");
+        assert_eq!(f.unkeyed(), (None, 0), "nothing known: from the start");
+        f.took_unkeyed(0, at(100));
+        assert_eq!(f.unkeyed(), (Some(at(95)), 0));
+        f.took_unkeyed(0, at(90));
+        assert_eq!(f.unkeyed().0, Some(at(95)), "never back on a claim");
         f.lower_unkeyed(at(60));
-        assert_eq!(f.unkeyed(), Some(at(60)), "back to rows given back");
+        assert_eq!(f.unkeyed().0, Some(at(60)), "back to rows given back");
         f.lower_unkeyed(at(70));
-        assert_eq!(f.unkeyed(), Some(at(60)));
+        assert_eq!(f.unkeyed().0, Some(at(60)));
+        // A resume advanced the epoch: the floor is dropped, and a claim of the old one ignored.
+        f.saw(1, 0, &[]);
+        assert_eq!(f.unkeyed(), (None, 1));
+        f.took_unkeyed(0, at(200));
+        assert_eq!(f.unkeyed(), (None, 1));
     }
 
     #[test]
@@ -282,7 +307,8 @@ mod tests {
                 seen("a", Some(400)),
                 seen("b", Some(1_200)),
                 seen("c", None)
-            ]
+            ],
+            10
         ));
         assert_eq!(f.key_floor(&KeyCursor::default(), 10).floor, 1_000);
         assert_eq!(old(&f), vec![("a".to_owned(), 400)]);
@@ -294,6 +320,16 @@ mod tests {
     }
 
     #[test]
+    fn the_floor_stays_when_too_many_keys_would_be_old() {
+        let f = Floors::new(Duration::ZERO);
+        f.saw(0, 1_000, &[]);
+        let seen: Vec<SeenHead> = ["a", "b", "c"].iter().map(|k| seen(k, Some(5))).collect();
+        assert!(!f.raise(0, 1_000, &seen, 2), "three old keys, two allowed");
+        assert_eq!(f.key_floor(&KeyCursor::default(), 10).floor, 0);
+        assert!(f.raise(0, 1_000, &seen, 3));
+    }
+
+    #[test]
     fn a_candidate_is_a_margin_old_and_a_raise_of_another_epoch_changes_nothing() {
         let f = Floors::new(Duration::from_secs(3_600));
         f.saw(0, 1_000, &[]);
@@ -302,7 +338,7 @@ mod tests {
             (0, 0),
             "no sample a margin old yet: the floor stays"
         );
-        assert!(!f.raise(1, 500, &[]), "another epoch");
+        assert!(!f.raise(1, 500, &[], 10), "another epoch");
         assert_eq!(f.key_floor(&KeyCursor::default(), 10).floor, 0);
     }
 
@@ -310,7 +346,7 @@ mod tests {
     fn a_newer_epoch_drops_the_floor_and_the_old_keys_and_an_older_one_is_ignored() {
         let f = Floors::new(Duration::ZERO);
         f.saw(0, 1_000, &[]);
-        assert!(f.raise(0, 1_000, &[seen("a", Some(10)), seen("b", Some(20))]));
+        assert!(f.raise(0, 1_000, &[seen("a", Some(10)), seen("b", Some(20))], 10));
         assert_eq!(old(&f).len(), 2);
         // A replay advanced the epoch: what was known is dropped.
         f.saw(1, 1_200, &[seen("a", Some(5))]);
@@ -329,7 +365,8 @@ mod tests {
         assert!(f.raise(
             0,
             100,
-            &[seen("a", Some(1)), seen("b", Some(2)), seen("c", Some(3))]
+            &[seen("a", Some(1)), seen("b", Some(2)), seen("c", Some(3))],
+            10
         ));
         let cursor = KeyCursor {
             topic: "projects/p/topics/t".into(),
@@ -343,7 +380,7 @@ mod tests {
     fn the_probe_makes_a_key_below_the_floor_old_and_lowers_an_old_keys_head() {
         let f = Floors::new(Duration::ZERO);
         f.saw(0, 100, &[]);
-        assert!(f.raise(0, 100, &[seen("a", Some(50))]));
+        assert!(f.raise(0, 100, &[seen("a", Some(50))], 10));
         let found = f.probed(
             0,
             &[

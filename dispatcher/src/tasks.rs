@@ -545,7 +545,8 @@ async fn raise_key_floor<P: Publish>(d: &Dispatch<P>) -> Result<(), outbox_share
     let (epoch, candidate) = d.floors.candidate();
     let (seen, walked) = walk_every_key(d, |c| d.floors.key_floor(c, usize::MAX)).await?;
     if walked == Some(epoch) {
-        d.floors.raise(epoch, candidate, &seen);
+        let max_old = usize::try_from(d.settings.key_scan_limit).unwrap_or(usize::MAX);
+        d.floors.raise(epoch, candidate, &seen, max_old);
     }
     Ok(())
 }
@@ -553,7 +554,7 @@ async fn raise_key_floor<P: Publish>(d: &Dispatch<P>) -> Result<(), outbox_share
 /// One probe: (unkeyed rows found below the floor: 0 or 1, keys found below the keyed floor).
 async fn probe_floors<P: Publish>(d: &Dispatch<P>) -> Result<(u64, u64), outbox_shared::Error> {
     let mut unkeyed = 0;
-    if let Some(floor) = d.floors.unkeyed() {
+    if let (Some(floor), _) = d.floors.unkeyed() {
         // In a claim transaction (its planner settings); the row it finds is locked, then let go.
         let mut tx = d.claim_session.begin(&d.pool).await?;
         let topics = d.settings.topics.as_deref();

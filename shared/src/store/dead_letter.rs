@@ -306,8 +306,9 @@ pub async fn get(conn: &mut PgConnection, id: i64) -> Result<Option<DeadLetter>>
 
 /// Puts dead letters back into the outbox (attempts reset, due now) and removes them here.
 /// A message keeps its original outbox id, so it goes out **ahead of** the later messages of its
-/// ordering key that waited behind it. Returns the ids replayed; a dead letter whose dedupe key is
-/// back in the outbox already is left in place.
+/// ordering key that waited behind it; the claim epoch advances with it, so dispatchers stop
+/// using a keyed floor that may be above it. Returns the ids replayed; a dead letter whose dedupe
+/// key is back in the outbox already is left in place.
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn replay(conn: &mut PgConnection, ids: &[i64]) -> Result<Vec<i64>> {
     sqlx::query_scalar(
@@ -325,7 +326,7 @@ pub async fn replay(conn: &mut PgConnection, ids: &[i64]) -> Result<Vec<i64>> {
              FROM moved ORDER BY id
          ), epoch AS (
              -- A keyed row back below its key's head: dispatchers forget the heads they know
-             -- (claim.rs, \"Claims start past what is published\"), seeing it with the row.
+             -- (store::claim, \"Claims start past what is published\"), seeing it with the row.
              UPDATE pubsub_outbox_claim_epoch SET epoch = epoch + 1
              WHERE EXISTS (SELECT 1 FROM moved WHERE ordering_key IS NOT NULL)
          )

@@ -47,13 +47,23 @@ pub async fn pause(
 /// Resumes `topic`; returns false if it was not paused.
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn resume(conn: &mut PgConnection, topic: &str) -> Result<bool> {
-    let r = sqlx::query("DELETE FROM pubsub_outbox_paused_topic WHERE topic = $1")
-        .persistent(crate::store::named_statements())
-        .bind(topic)
-        .execute(&mut *conn)
-        .await
-        .context("resuming a topic in pubsub_outbox_paused_topic")?;
-    Ok(r.rows_affected() == 1)
+    // The topic's unkeyed rows become claimable below where the claims start: the claim epoch
+    // advances with the resume, so dispatchers drop their floors (store::claim).
+    let resumed: i64 = sqlx::query_scalar(
+        "WITH resumed AS (
+             DELETE FROM pubsub_outbox_paused_topic WHERE topic = $1 RETURNING topic
+         ), epoch AS (
+             UPDATE pubsub_outbox_claim_epoch SET epoch = epoch + 1
+             WHERE EXISTS (SELECT 1 FROM resumed)
+         )
+         SELECT count(*) FROM resumed",
+    )
+    .persistent(crate::store::named_statements())
+    .bind(topic)
+    .fetch_one(&mut *conn)
+    .await
+    .context("resuming a topic in pubsub_outbox_paused_topic")?;
+    Ok(resumed == 1)
 }
 
 /// Every paused topic.

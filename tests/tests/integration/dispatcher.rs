@@ -124,7 +124,7 @@ async fn concurrent_claims_never_overlap() {
             limit: 100,
             topics: None,
         };
-        let claimed = claim::claim_batch(&mut tx, &filter, None)
+        let claimed = claim::claim_batch(&mut tx, &filter, None, 0)
             .await
             .expect("claim")
             .messages;

@@ -80,7 +80,7 @@ async fn unkeyed_cost(db: &TestDb, floor: Option<chrono::DateTime<Utc>>) -> (Vec
         limit: 500,
         topics: None,
     };
-    let batch = claim::claim_batch(&mut tx, &filter, floor)
+    let batch = claim::claim_batch(&mut tx, &filter, floor, 0)
         .await
         .expect("claim");
     let read = entries_read(&mut tx).await;
@@ -400,4 +400,52 @@ async fn enqueue_in(tx: &mut sqlx::PgConnection, m: outbox_shared::NewMessage) {
     outbox_shared::enqueue_batch(&mut *tx, &[m])
         .await
         .expect("enqueue");
+}
+
+#[tokio::test]
+async fn a_resumed_topics_rows_go_out_at_once_though_the_floor_passed_them() {
+    let db = TestDb::new().await;
+    let paused = TestTopic::new(false).await;
+    let flowing = TestTopic::new(false).await;
+    let mut conn = db.pool.acquire().await.expect("conn");
+    outbox_shared::store::pause::pause(&mut conn, &paused.topic, Some("test"), "floors")
+        .await
+        .expect("pause");
+    drop(conn);
+    enqueue(
+        &db.pool,
+        &(0..10)
+            .map(|i| message(&paused.topic, &format!("held-{i}"), &[]))
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    // The other topic's rows, due well after the margin, move the unkeyed floor past the paused
+    // ones; the probe would find those only after a minute.
+    let mut config = fast_floors();
+    config.batch.claim_floor_margin = Duration::from_millis(200);
+    config.claim_probe_interval = Duration::from_secs(600);
+    let d = test_dispatcher::build_service(&db, real_publisher().await, config).await;
+    let running = Running::start(d);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    enqueue(
+        &db.pool,
+        &(0..10)
+            .map(|i| message(&flowing.topic, &format!("flowing-{i}"), &[]))
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    harness::wait::topic_drained(&db.pool, &flowing.topic, Duration::from_secs(20)).await;
+
+    let mut conn = db.pool.acquire().await.expect("conn");
+    outbox_shared::store::pause::resume(&mut conn, &paused.topic)
+        .await
+        .expect("resume");
+    drop(conn);
+    let took = harness::wait::topic_drained(&db.pool, &paused.topic, Duration::from_secs(20)).await;
+    running.stop().await;
+    assert!(
+        took < Duration::from_secs(10),
+        "the resumed topic's rows went out in {took:?}, not at the probe a minute later"
+    );
+    assert_eq!(paused.pull(10, Duration::from_secs(3)).await.len(), 10);
 }

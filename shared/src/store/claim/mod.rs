@@ -43,7 +43,7 @@
 //! - unkeyed rows: a floor on `next_attempt_at` (the index scan's start), the oldest due time the
 //!   last claim took less a margin (`--claim-floor-margin`: rows of a writer transaction that
 //!   commits after a later one); back to a batch's rows when it gives them back (an outage) or
-//!   fails;
+//!   fails; a resume (a paused topic's rows become claimable below it) advances the claim epoch;
 //! - keys ([`KeyFloor`]): an id floor below which every live row belongs to a few "old" keys
 //!   whose heads are known (a key waiting for a retry, held by a dead letter, paused, backed up).
 //!   The walk checks `id >= floor` on each index entry before fetching its row, so it passes over
@@ -134,22 +134,27 @@ pub struct UnkeyedBatch {
     pub messages: Vec<ClaimedMessage>,
     /// The oldest due time among them (the next claims' floor follows it).
     pub oldest_due: Option<DateTime<Utc>>,
+    /// The claim epoch the claim read (none when it took nothing).
+    pub epoch: Option<i64>,
 }
 
 /// Locks and returns up to `filter.limit` due rows **without an ordering key**, oldest due first,
-/// from `floor` on (none: from the start; see the module doc), skipping rows other workers hold.
-/// Run inside a transaction kept open until they are settled.
+/// from `floor` on (none: from the start; see the module doc) unless the claim epoch is no longer
+/// `epoch`, skipping rows other workers hold. Run inside a transaction kept open until they are
+/// settled.
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn claim_batch(
     conn: &mut PgConnection,
     filter: &ClaimFilter<'_>,
     floor: Option<DateTime<Utc>>,
+    epoch: i64,
 ) -> Result<UnkeyedBatch> {
     #[derive(sqlx::FromRow)]
     struct Row {
         #[sqlx(flatten)]
         message: MessageRow,
         next_attempt_at: DateTime<Utc>,
+        epoch: i64,
     }
     // A materialized CTE bounds the locking to exactly `limit` rows and keeps a safe plan even
     // when the plan cache switches to a generic plan; `id IN (SELECT … LIMIT … SKIP LOCKED)`
@@ -164,14 +169,15 @@ pub async fn claim_batch(
              FROM pubsub_outbox
              WHERE published_at IS NULL AND ordering_key IS NULL
                AND next_attempt_at <= $1
-               AND next_attempt_at >= COALESCE($4::timestamptz, '-infinity')
+               AND next_attempt_at >= COALESCE(CASE WHEN (SELECT e.epoch FROM pubsub_outbox_claim_epoch e) = $5
+                                                    THEN $4::timestamptz END, '-infinity')
                AND ($3::text[] IS NULL OR topic = ANY($3))
                AND NOT (topic = ANY(ARRAY(SELECT p.topic FROM pubsub_outbox_paused_topic p)))
              ORDER BY next_attempt_at, id
              LIMIT $2
              FOR UPDATE SKIP LOCKED)
          SELECT id, topic, ordering_key, dedupe_key, payload, attributes, attempts, created_at,
-                next_attempt_at
+                next_attempt_at, (SELECT e.epoch FROM pubsub_outbox_claim_epoch e) AS epoch
          FROM claimed
          ORDER BY id",
     )
@@ -180,11 +186,14 @@ pub async fn claim_batch(
     .bind(filter.limit)
     .bind(filter.topics)
     .bind(floor)
+    .bind(epoch)
     .fetch_all(&mut *conn)
     .await
     .context("claiming due rows from pubsub_outbox")?;
     let oldest_due = rows.iter().map(|r| r.next_attempt_at).min();
+    let epoch = rows.first().map(|r| r.epoch);
     Ok(UnkeyedBatch {
+        epoch,
         messages: rows
             .into_iter()
             .map(|r| ClaimedMessage::from(r.message))

@@ -206,7 +206,9 @@ pub(crate) async fn drain_lock(pool: &PgPool, batch: i64) -> Result<u64> {
             limit: batch,
             topics: None,
         };
-        let claimed = claim::claim_batch(&mut tx, &filter, None).await?.messages;
+        let claimed = claim::claim_batch(&mut tx, &filter, None, 0)
+            .await?
+            .messages;
         if claimed.is_empty() {
             tx.rollback().await?;
             return Ok(deleted);
