@@ -68,6 +68,34 @@ async fn walk_cost(db: &TestDb, floor: &KeyFloor) -> (Vec<(String, Option<i64>)>
     (heads, read)
 }
 
+/// An ordered claim of every key from `floor`, a share of 5 rows per key: the index entries it
+/// read.
+async fn ordered_claim_cost(db: &TestDb, floor: &KeyFloor) -> i64 {
+    let pool = session(db).await;
+    let mut tx = ClaimSession::new(Duration::from_secs(60))
+        .begin(&pool)
+        .await
+        .expect("begin");
+    let ordered = claim::OrderedClaim {
+        filter: ClaimFilter {
+            now: Utc::now(),
+            limit: (KEYS * 5) as i64,
+            topics: None,
+        },
+        scan_limit: 10_000,
+        skip_dead_letter_topics: &[],
+        max_keys: KEYS as i64,
+    };
+    let batch = claim::claim_ordered(&mut tx, &ordered, &KeyCursor::default(), floor)
+        .await
+        .expect("claim");
+    assert_eq!(batch.messages.len(), KEYS * 4, "every live keyed row");
+    let read = entries_read(&mut tx).await;
+    tx.rollback().await.expect("rollback");
+    pool.close().await;
+    read
+}
+
 /// The unkeyed claim from `floor`: the ids it took and the index entries it read.
 async fn unkeyed_cost(db: &TestDb, floor: Option<chrono::DateTime<Utc>>) -> (Vec<i64>, i64) {
     let pool = session(db).await;
@@ -148,6 +176,19 @@ async fn under_a_held_snapshot_claims_fetch_only_the_rows_above_their_floor() {
     assert!(
         floor_read * 10 < start_read,
         "the walk from the floor read {floor_read} index entries, from the start {start_read}"
+    );
+
+    // A claim of every key from the floor reads each key's rows and no other key's: a key with
+    // fewer rows than its share of the batch ends its walk at its own end, not in the next key's
+    // published rows.
+    let claim_read = ordered_claim_cost(&db, &floor).await;
+    println!(
+        "ordered claim of every key under the snapshot, from the floor: {claim_read} index entries"
+    );
+    assert!(
+        claim_read < (KEYS * 4 * 3) as i64,
+        "the claim read {claim_read} index entries for {} live rows",
+        KEYS * 4
     );
 
     // An old key: its rows below the floor are found from its last head.

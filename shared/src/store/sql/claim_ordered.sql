@@ -49,16 +49,17 @@ heads(id, topic, ordering_key, due, n, i) AS (
         ORDER BY o.topic, o.ordering_key, o.id
         LIMIT 1) nx ON true
     CROSS JOIN LATERAL (
-        -- The next old key when it comes first (or is that key): from its last head, bounded by
-        -- equalities on the key so the scan ends with the key.
+        -- The next old key when it comes first (or is that key): from its last head to the key's
+        -- end (see key_rows for the shape of the bounds).
         (SELECT k.id, ok.topic, ok.ordering_key, k.due, h.i + 1 AS i
          FROM (SELECT 1) one
          LEFT JOIN LATERAL (
              SELECT o.id, o.next_attempt_at AS due
              FROM pubsub_outbox o
              WHERE o.published_at IS NULL AND o.ordering_key IS NOT NULL
-               AND o.topic = ok.topic AND o.ordering_key = ok.ordering_key
-               AND (o.topic, o.ordering_key, o.id) >= (ok.topic, ok.ordering_key, ok.head)
+               AND o.topic = ok.topic
+               AND (o.ordering_key, o.id) >= (ok.ordering_key, ok.head)
+               AND o.ordering_key <= ok.ordering_key
              ORDER BY o.topic, o.ordering_key, o.id
              LIMIT 1) k ON true
          WHERE ok.present
@@ -94,20 +95,25 @@ picked AS MATERIALIZED (
 ),
 share AS (SELECT GREATEST(1, $7 / GREATEST(1, (SELECT count(*) FROM picked)))::bigint AS per_key),
 -- Each picked key's first rows (one more than its share tells whether it has more): a
--- range walk of the key index from the key's head, read without locks (the head's lock
--- is the key's) and cut to the key; then locked by id. Without an equality on the key
--- no other index can give this order (the module doc: plans that cannot collapse).
+-- range walk of the key index from the key's head to the key's end, read without locks (the
+-- head's lock is the key's); then locked by id. The bounds: the topic's equality and
+-- `ordering_key <= key` end the scan with the key (a walk ended only by its LIMIT ran on into
+-- the next keys' entries when a key had fewer rows, fetching every published row there under a
+-- held snapshot). Not an equality on the key: with one, the order reduces to id and the primary
+-- key offers it, which the planner took on stale statistics, walking every row; the row
+-- comparison `(ordering_key, id) >= (key, head)` gives the start.
 key_rows AS (
     SELECT r.id FROM picked p
     CROSS JOIN LATERAL (
-        SELECT o.id, o.topic, o.ordering_key
+        SELECT o.id
         FROM pubsub_outbox o
         WHERE o.published_at IS NULL AND o.ordering_key IS NOT NULL
-          AND (o.topic, o.ordering_key, o.id) >= (p.topic, p.ordering_key, p.id)
+          AND o.topic = p.topic
+          AND (o.ordering_key, o.id) >= (p.ordering_key, p.id)
+          AND o.ordering_key <= p.ordering_key
         ORDER BY o.topic, o.ordering_key, o.id
         LIMIT (SELECT per_key + 1 FROM share)) r
-    WHERE r.topic = p.topic AND r.ordering_key = p.ordering_key
-      AND (p.stop IS NULL OR r.id < p.stop)
+    WHERE p.stop IS NULL OR r.id < p.stop
 ),
 claimed AS (
     SELECT o.id, o.topic, o.ordering_key, o.dedupe_key, o.payload, o.attributes,
