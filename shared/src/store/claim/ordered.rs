@@ -104,7 +104,46 @@ struct KeyedRow {
     next_attempt_at: Option<DateTime<Utc>>,
 }
 
+/// What the walk's row reports.
+#[derive(Debug, Default)]
+struct WalkReport {
+    visited: i64,
+    last: Option<(String, String)>,
+    seen: Vec<SeenHead>,
+    epoch: Option<i64>,
+    allocated: i64,
+}
+
 impl KeyedRow {
+    /// The walk's report, from the walk's row (the one that carries `visited`).
+    fn report(&mut self) -> Option<WalkReport> {
+        let visited = self.visited?;
+        let seen = match (
+            self.seen_topics.take(),
+            self.seen_keys.take(),
+            self.seen_heads.take(),
+        ) {
+            (Some(topics), Some(keys), Some(heads)) => topics
+                .into_iter()
+                .zip(keys)
+                .zip(heads)
+                .map(|((topic, ordering_key), head)| SeenHead {
+                    topic,
+                    ordering_key,
+                    head,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        Some(WalkReport {
+            visited,
+            last: self.last_topic.take().zip(self.last_key.take()),
+            seen,
+            epoch: self.epoch,
+            allocated: self.allocated.unwrap_or(0),
+        })
+    }
+
     /// The claimed message and when it is due, unless this is the walk's row alone.
     fn claimed(self) -> Option<(ClaimedMessage, DateTime<Utc>)> {
         let message = ClaimedMessage {
@@ -186,35 +225,11 @@ async fn walk(
         .await
         .context("claiming ordering keys from pubsub_outbox")?;
 
-    let mut scanned = 0;
-    let mut last: Option<(String, String)> = None;
+    let mut report = WalkReport::default();
     let mut found = Vec::new();
-    let mut seen = Vec::new();
-    let (mut epoch, mut allocated) = (floor.epoch, 0);
     for mut row in rows {
-        if let Some(visited) = row.visited {
-            scanned = visited;
-        }
-        epoch = row.epoch.unwrap_or(epoch);
-        allocated = row.allocated.unwrap_or(allocated);
-        if let (Some(topics), Some(keys), Some(heads)) = (
-            row.seen_topics.take(),
-            row.seen_keys.take(),
-            row.seen_heads.take(),
-        ) {
-            seen = topics
-                .into_iter()
-                .zip(keys)
-                .zip(heads)
-                .map(|((topic, ordering_key), head)| SeenHead {
-                    topic,
-                    ordering_key,
-                    head,
-                })
-                .collect();
-        }
-        if let (Some(t), Some(k)) = (row.last_topic.take(), row.last_key.take()) {
-            last = Some((t, k));
+        if let Some(r) = row.report() {
+            report = r;
         }
         // The walk's row has no claimed row in it.
         if let Some(claimed) = row.claimed() {
@@ -223,8 +238,8 @@ async fn walk(
     }
     let (found, saturated_keys) = truncate_shares(found, f.limit);
     let messages = publishable_prefixes(found, f.now);
-    let next_cursor = match last {
-        Some((topic, ordering_key)) if scanned >= claim.scan_limit => KeyCursor {
+    let next_cursor = match report.last {
+        Some((topic, ordering_key)) if report.visited >= claim.scan_limit => KeyCursor {
             topic,
             ordering_key,
         },
@@ -237,9 +252,9 @@ async fn walk(
         next_cursor,
         saturated_keys,
         keys,
-        seen,
-        epoch,
-        allocated,
+        seen: report.seen,
+        epoch: report.epoch.unwrap_or(floor.epoch),
+        allocated: report.allocated,
     })
 }
 
