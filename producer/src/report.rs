@@ -70,6 +70,12 @@ impl StreamSummary {
 
     /// The summary log line (INFO), with stable field names.
     pub fn log(&self) {
+        // How far behind now the watermark stands (the dashboard's producer lag, a logs-based
+        // metric); absent before the first row.
+        let lag = self.watermark.as_ref().map(|w| {
+            let now = chrono::Utc::now().timestamp_micros();
+            (now.saturating_sub(w.micros) as f64 / 1e6).max(0.0)
+        });
         tracing::info!(
             stream = %self.stream,
             outcome = ?self.outcome,
@@ -79,6 +85,7 @@ impl StreamSummary {
             rows.duplicate = self.duplicates,
             rows.rejected = self.rejected,
             watermark = %self.watermark.as_ref().map(ToString::to_string).unwrap_or_default(),
+            watermark_lag_seconds = lag,
             bytes_processed = self.bytes_processed,
             elapsed_ms = self.elapsed.as_millis() as u64,
             waited_for_bigquery_ms = self.waited_for_bigquery.as_millis() as u64,
