@@ -413,10 +413,12 @@ pub(crate) async fn heartbeat<P: Publish>(
         breaker_open: false,
         batches_in_flight: 0,
         rows_in_flight: 0,
+        published: 0,
     };
     loop {
         row.breaker_open = !d.breaker.is_closed();
         (row.batches_in_flight, row.rows_in_flight) = d.in_flight();
+        row.published = i64::try_from(d.metrics.published.get()).unwrap_or(i64::MAX);
         match d.pool.begin().await {
             Ok(mut tx) => match replica::heartbeat(&mut tx, &row).await {
                 Ok(()) => {

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox_runtime::operator::{
-    Actor, Command, Common, Confirm, Exit, OpsError, Output, Why, execute, parse_age, parse_instant,
+    Actor, Command, Common, Confirm, Exit, OpsError, Output, Why, execute, output_on, parse_age,
+    parse_instant,
 };
 use outbox_runtime::table::Table;
 use outbox_shared::store::audit::{self, Action};
@@ -55,6 +56,15 @@ impl DeadLettersCommand {
             Self::Show(a) => &a.common,
             Self::Replay(a) => &a.change.common,
             Self::Discard(a) => &a.change.common,
+        }
+    }
+
+    pub(super) async fn output(&self, pool: &PgPool) -> Result<Output, OpsError> {
+        match self {
+            Self::List(a) => output_on(a, pool).await,
+            Self::Show(a) => output_on(a, pool).await,
+            Self::Replay(a) => output_on(a, pool).await,
+            Self::Discard(a) => output_on(a, pool).await,
         }
     }
 

@@ -15,10 +15,11 @@ mod replicas;
 mod status;
 
 use clap::Subcommand;
-use outbox_runtime::operator::{Common, Exit, OpsError, execute, near};
+use outbox_runtime::operator::{Common, Exit, OpsError, Output, execute, near, output_on};
 use outbox_runtime::telemetry::TelemetryArgs;
 use outbox_shared::store::{notify, topic};
 use sqlx::PgConnection;
+use sqlx::PgPool;
 
 /// The `application_name` of the operator commands' sessions.
 const APPLICATION: &str = "pubsub-outbox-operator";
@@ -71,6 +72,19 @@ impl OpsCommand {
             Self::Resume(a) => &a.common,
             Self::Audit(a) => &a.common,
             Self::Replicas(c) => c.common(),
+        }
+    }
+
+    /// Checks and runs the command on `pool` and returns its output without printing it (the
+    /// console runs the commands this way: the same checks, statements and audit rows).
+    pub async fn output(&self, pool: &PgPool) -> Result<Output, OpsError> {
+        match self {
+            Self::Status(a) => output_on(a, pool).await,
+            Self::DeadLetters(c) => c.output(pool).await,
+            Self::Pause(a) => output_on(a, pool).await,
+            Self::Resume(a) => output_on(a, pool).await,
+            Self::Audit(a) => output_on(a, pool).await,
+            Self::Replicas(c) => c.output(pool).await,
         }
     }
 

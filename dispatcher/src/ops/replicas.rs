@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox_runtime::operator::{
-    Actor, Command, Common, Exit, OpsError, Output, Why, execute, parse_age,
+    Actor, Command, Common, Exit, OpsError, Output, Why, execute, output_on, parse_age,
 };
 use outbox_shared::store::audit::{self, Action};
 use outbox_shared::store::replica;
@@ -31,6 +31,12 @@ impl ReplicasCommand {
     pub(super) fn common(&self) -> &Common {
         match self {
             Self::Prune(a) => &a.common,
+        }
+    }
+
+    pub(super) async fn output(&self, pool: &PgPool) -> Result<Output, OpsError> {
+        match self {
+            Self::Prune(a) => output_on(a, pool).await,
         }
     }
 

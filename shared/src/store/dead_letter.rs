@@ -339,6 +339,49 @@ pub async fn replay(conn: &mut PgConnection, ids: &[i64]) -> Result<Vec<i64>> {
     .context("replaying dead letters into pubsub_outbox")
 }
 
+/// Dead letters that failed after `since`, up to `until` (the console's rate; the index on
+/// `failed_at` bounds it).
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn failed_since(
+    conn: &mut PgConnection,
+    since: DateTime<Utc>,
+    until: DateTime<Utc>,
+) -> Result<i64> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pubsub_outbox_dead_letter WHERE failed_at > $1 AND failed_at <= $2",
+    )
+    .persistent(crate::store::named_statements())
+    .bind(since)
+    .bind(until)
+    .fetch_one(&mut *conn)
+    .await
+    .context("counting recent dead letters")
+}
+
+/// Messages of `topic`'s `ordering_key` waiting in the outbox after position `outbox_id` (none:
+/// all of them): what a dead letter there holds back (the key index bounds it).
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn held_behind(
+    conn: &mut PgConnection,
+    topic: &str,
+    ordering_key: &str,
+    outbox_id: Option<i64>,
+) -> Result<i64> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pubsub_outbox
+         WHERE published_at IS NULL AND ordering_key IS NOT NULL
+           AND topic = $1 AND (ordering_key, id) > ($2, COALESCE($3, 0))
+           AND ordering_key <= $2",
+    )
+    .persistent(crate::store::named_statements())
+    .bind(topic)
+    .bind(ordering_key)
+    .bind(outbox_id)
+    .fetch_one(&mut *conn)
+    .await
+    .context("counting the messages a dead letter holds back")
+}
+
 /// Ordering keys held back by a dead letter (topics in `skip_topics` do not block), only of
 /// `topics` when given (a `--topic`-scoped replica counts the keys it serves).
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]

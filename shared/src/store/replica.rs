@@ -30,6 +30,8 @@ pub struct Replica {
     pub batches_in_flight: i32,
     /// Rows in those batches.
     pub rows_in_flight: i32,
+    /// Messages it published since it started.
+    pub published: i64,
 }
 
 /// Writes (or refreshes) `r`'s row, stamping the heartbeat with the server's clock.
@@ -37,11 +39,12 @@ pub struct Replica {
 pub async fn heartbeat(conn: &mut PgConnection, r: &Replica) -> Result<()> {
     sqlx::query(
         "INSERT INTO pubsub_outbox_replica (replica_id, hostname, pid, version, topics, started_at,
-                                            heartbeat_at, breaker_open, batches_in_flight, rows_in_flight)
-         VALUES ($1, $2, $3, $4, $5, $6, now(), $7, $8, $9)
+                                            heartbeat_at, breaker_open, batches_in_flight, rows_in_flight,
+                                            published)
+         VALUES ($1, $2, $3, $4, $5, $6, now(), $7, $8, $9, $10)
          ON CONFLICT (replica_id) DO UPDATE SET heartbeat_at = now(),
              breaker_open = EXCLUDED.breaker_open, batches_in_flight = EXCLUDED.batches_in_flight,
-             rows_in_flight = EXCLUDED.rows_in_flight",
+             rows_in_flight = EXCLUDED.rows_in_flight, published = EXCLUDED.published",
     )
     .persistent(crate::store::named_statements())
     .bind(&r.replica_id)
@@ -53,6 +56,7 @@ pub async fn heartbeat(conn: &mut PgConnection, r: &Replica) -> Result<()> {
     .bind(r.breaker_open)
     .bind(r.batches_in_flight)
     .bind(r.rows_in_flight)
+    .bind(r.published)
     .execute(&mut *conn)
     .await
     .context("writing the replica heartbeat in pubsub_outbox_replica")?;
@@ -105,7 +109,7 @@ pub async fn list(conn: &mut PgConnection) -> Result<(DateTime<Utc>, Vec<Replica
         .context("reading the server clock")?;
     let replicas = sqlx::query_as(
         "SELECT replica_id, hostname, pid, version, topics, started_at, heartbeat_at, breaker_open,
-                batches_in_flight, rows_in_flight
+                batches_in_flight, rows_in_flight, published
          FROM pubsub_outbox_replica ORDER BY heartbeat_at DESC",
     )
     .persistent(crate::store::named_statements())

@@ -168,6 +168,14 @@ pub trait Command {
     ) -> impl Future<Output = Result<Output, OpsError>> + Send;
 }
 
+/// Checks and runs `command` on `pool` and returns its output, without printing: what
+/// [`execute`] does between connecting and printing, for a caller that holds a pool and shows
+/// the output its own way (the dispatcher's console).
+pub async fn output_on<C: Command>(command: &C, pool: &PgPool) -> Result<Output, OpsError> {
+    let checked = command.check(Utc::now())?;
+    C::run(checked, pool).await
+}
+
 /// Runs `command` with its `common` options as every operator command runs (see the module doc);
 /// `application_name` names its database sessions.
 pub async fn execute<C: Command>(command: &C, common: &Common, application_name: &str) -> Exit {
