@@ -42,6 +42,7 @@ const FIRST_WORDS: &[&str] = &[
     "resume",
     "audit",
     "replicas",
+    "console",
     "help",
     "-h",
     "--help",
@@ -77,6 +78,7 @@ impl Cli {
         match &self.command {
             Command::Migrate(a) => &a.telemetry,
             Command::Ops(op) => op.telemetry(),
+            Command::Console(a) => &a.telemetry,
             Command::Run(a) => &a.telemetry,
         }
     }
@@ -122,6 +124,15 @@ pub enum Command {
     Migrate(MigrateArgs),
     #[command(flatten)]
     Ops(crate::ops::OpsCommand),
+    /// The operator's console in a browser: the overview, plots of the last hour, dead letters,
+    /// the audit trail, and (with --actions) pause/resume and replay/discard, previewed,
+    /// confirmed and audited with the identity. Local (loopback) or behind Identity-Aware Proxy.
+    #[command(
+        after_help = "Examples:\n  dispatcher console                    # http://127.0.0.1:8080/, read-only\n  \
+                      dispatcher console --actions          # with pause/resume and replay/discard\n  \
+                      dispatcher console --auth iap --iap-audience /projects/123/global/backendServices/456 --listen-addr 0.0.0.0:8080"
+    )]
+    Console(crate::console::ConsoleArgs),
 }
 
 /// Dispatching knobs.

@@ -13,7 +13,8 @@
 //! - [`classify`]: publish failures as transient / permanent / not attempted.
 //! - [`breaker`]: pauses claiming while Pub/Sub is unreachable.
 //! - [`fault`]: fault injection in front of the publisher (`--inject-failure-rate`, tests).
-//! - [`ops`]: the operator's commands (status, dead letters, pause/resume, audit).
+//! - [`ops`]: the operator's commands (status, dead letters, pause/resume, audit);
+//!   [`console`]: the same in a browser (`dispatcher console`).
 //! - [`metrics`], [`error`].
 //!
 //! All SQL lives in `outbox_shared::store`.
@@ -23,6 +24,7 @@ pub mod breaker;
 pub mod classify;
 pub mod cli;
 pub mod config;
+pub mod console;
 mod decide;
 mod dispatch;
 pub mod error;

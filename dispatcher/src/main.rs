@@ -18,6 +18,7 @@ async fn main() -> ExitCode {
     let args = match &cli.command {
         Command::Ops(op) => return op.run().await.into(),
         Command::Migrate(m) => return outbox_runtime::db::migrate_command(m).await.into(),
+        Command::Console(c) => return outbox_dispatcher::console::run(c).await.into(),
         Command::Run(args) => args,
     };
     let format = args.telemetry.log_format;

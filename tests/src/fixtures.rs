@@ -104,3 +104,26 @@ pub async fn outbox_dedupe_keys(pool: &PgPool) -> Vec<String> {
         .await
         .expect("outbox rows")
 }
+
+/// Inserts a dead letter as the dispatcher writes one (permanent, one attempt); returns its id.
+pub async fn dead_letter(
+    pool: &PgPool,
+    topic: &str,
+    key: Option<&str>,
+    payload: &[u8],
+    error: &str,
+) -> i64 {
+    sqlx::query_scalar(
+        "INSERT INTO pubsub_outbox_dead_letter (topic, ordering_key, dedupe_key, payload, created_at,
+                                                attempts, error_kind, last_error, source)
+         VALUES ($1, $2, 'dl-' || gen_random_uuid(), $3, now(), 1, 'permanent', $4, 'dispatcher')
+         RETURNING id",
+    )
+    .bind(topic)
+    .bind(key)
+    .bind(payload)
+    .bind(error)
+    .fetch_one(pool)
+    .await
+    .expect("insert a dead letter")
+}

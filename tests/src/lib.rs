@@ -12,6 +12,7 @@
 //!   front of bqemulator; [`process`]: every child process (one builder: environment, log file,
 //!   the bound address read back from the log); [`operator`]: the operator commands as on-call
 //!   runs them.
+//! - [`iap`]: a stand-in for Identity-Aware Proxy (its keys, signed assertions) for the console.
 //! - [`bigquery`]: tables on bqemulator; [`producer`]: the producer's fixtures (the orders table
 //!   and stream, settings, an in-process run, the watermark and outbox reads).
 
@@ -23,6 +24,7 @@ pub mod dispatcher;
 pub mod env;
 pub mod fixtures;
 pub mod http_faults;
+pub mod iap;
 pub mod ledger;
 pub mod operator;
 pub mod pgbouncer;

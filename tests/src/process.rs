@@ -383,25 +383,74 @@ impl Default for ReservedPort {
 
 /// `GET path` over plain HTTP/1.0; returns (status, body).
 pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    let r = http_request(addr, "GET", path, &[], "").await;
+    (r.status, r.body)
+}
+
+/// An answer to [`http_request`].
+#[derive(Debug, Clone)]
+pub struct HttpResponse {
+    /// The status code (0 when the answer had none).
+    pub status: u16,
+    /// The headers, names in lower case.
+    pub headers: Vec<(String, String)>,
+    /// The body.
+    pub body: String,
+}
+
+impl HttpResponse {
+    /// The first value of header `name` (lower case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// `method path` over plain HTTP/1.0 with `headers` and `body` (a form when not empty).
+pub async fn http_request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> HttpResponse {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr)
         .await
         .expect("connect to the HTTP endpoint");
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .await
-        .expect("send request");
+    let mut request = format!("{method} {path} HTTP/1.0\r\nHost: {addr}\r\n");
+    for (k, v) in headers {
+        request.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if !body.is_empty() {
+        request.push_str(&format!(
+            "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n",
+            body.len()
+        ));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    s.write_all(request.as_bytes()).await.expect("send request");
     let mut out = String::new();
     s.read_to_string(&mut out).await.expect("read response");
-    let status = out
-        .split_whitespace()
-        .nth(1)
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    HttpResponse {
+        status,
+        headers,
+        body: body.to_owned(),
+    }
 }
 
 #[cfg(test)]

@@ -11,36 +11,13 @@ use serde_json::Value;
 
 use harness::db::TestDb;
 use harness::dispatcher::{self as test_dispatcher, Running, real_publisher};
-use harness::fixtures::{count, enqueue, message};
+use harness::fixtures::{count, dead_letter, enqueue, message};
 use harness::operator::{dispatcher, json};
 use harness::process::{Spawn, binary};
 use harness::pubsub::TestTopic;
 use harness::wait::{topic_drained, wait_until};
 use outbox_dispatcher::DispatcherConfig;
 use outbox_shared::NewMessage;
-
-/// Inserts a dead letter as the dispatcher writes one; returns its id.
-async fn dead_letter(
-    db: &TestDb,
-    topic: &str,
-    key: Option<&str>,
-    payload: &[u8],
-    error: &str,
-) -> i64 {
-    sqlx::query_scalar(
-        "INSERT INTO pubsub_outbox_dead_letter (topic, ordering_key, dedupe_key, payload, created_at,
-                                                attempts, error_kind, last_error, source)
-         VALUES ($1, $2, 'dl-' || gen_random_uuid(), $3, now(), 1, 'permanent', $4, 'dispatcher')
-         RETURNING id",
-    )
-    .bind(topic)
-    .bind(key)
-    .bind(payload)
-    .bind(error)
-    .fetch_one(&db.pool)
-    .await
-    .expect("insert a dead letter")
-}
 
 /// Enqueues `messages` and wakes the dispatchers, as an application does.
 async fn enqueue_and_notify(db: &TestDb, messages: &[NewMessage]) {
@@ -195,7 +172,7 @@ async fn resume_replay_and_discard_wake_the_dispatchers_and_a_locally_refused_re
     let topic = TestTopic::new(true).await;
     let t = topic.topic.as_str();
     // A key blocked by a dead letter, with two messages waiting behind it.
-    let blocking = dead_letter(&db, t, Some("k"), b"{}", "INVALID_ARGUMENT: schema").await;
+    let blocking = dead_letter(&db.pool, t, Some("k"), b"{}", "INVALID_ARGUMENT: schema").await;
     let waiting: Vec<NewMessage> = (0..2)
         .map(|i| NewMessage::new(t, format!("k-{i}"), b"{}".to_vec()).with_ordering_key("k"))
         .collect();
@@ -221,7 +198,14 @@ async fn resume_replay_and_discard_wake_the_dispatchers_and_a_locally_refused_re
     let took = topic_drained(&db.pool, t, Duration::from_secs(15)).await;
     eprintln!("WAKE: the key's rows published {took:?} after the discard (poll every 30 s)");
 
-    let replayed = dead_letter(&db, t, None, b"{\"fine\":1}", "INVALID_ARGUMENT: schema").await;
+    let replayed = dead_letter(
+        &db.pool,
+        t,
+        None,
+        b"{\"fine\":1}",
+        "INVALID_ARGUMENT: schema",
+    )
+    .await;
     let (code, out, err) = dispatcher(
         &db,
         &[
@@ -256,7 +240,7 @@ async fn resume_replay_and_discard_wake_the_dispatchers_and_a_locally_refused_re
 
     // A message the dispatcher refused itself comes back: the operator is told so.
     let refused = dead_letter(
-        &db,
+        &db.pool,
         t,
         None,
         b"x",
@@ -347,7 +331,14 @@ async fn output_into_a_closed_pipe_ends_quietly_with_the_commands_exit_code() {
 async fn a_payload_preview_is_the_text_escaped_once() {
     let db = TestDb::new().await;
     let t = "projects/test-project/topics/previews";
-    let id = dead_letter(&db, t, None, br#"{"seq":3}"#, "INVALID_ARGUMENT: schema").await;
+    let id = dead_letter(
+        &db.pool,
+        t,
+        None,
+        br#"{"seq":3}"#,
+        "INVALID_ARGUMENT: schema",
+    )
+    .await;
     let (code, out, err) = dispatcher(&db, &["dead-letters", "show", &id.to_string()]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("preview:       {\"seq\":3}\n"), "{out}");
@@ -356,7 +347,7 @@ async fn a_payload_preview_is_the_text_escaped_once() {
     let listed = json(&db, &["dead-letters", "list", "--json"]);
     assert_eq!(listed[0]["payload_preview"], "{\"seq\":3}", "{listed}");
     let control = dead_letter(
-        &db,
+        &db.pool,
         t,
         None,
         b"line\n\x1b[31mred",
@@ -508,7 +499,14 @@ async fn status_counts_as_due_only_what_a_claim_can_take_and_a_scoped_replica_it
         ],
     )
     .await;
-    dead_letter(&db, blocked, Some("k"), b"{}", "INVALID_ARGUMENT: schema").await;
+    dead_letter(
+        &db.pool,
+        blocked,
+        Some("k"),
+        b"{}",
+        "INVALID_ARGUMENT: schema",
+    )
+    .await;
     let (code, _, err) = dispatcher(&db, &["pause", paused, "--reason", "held"]);
     assert_eq!(code, 0, "{err}");
     let status = json(&db, &["status", "--json"]);

@@ -1,0 +1,338 @@
+//! `dispatcher console`: the operator's console in a browser. The overview (per topic: due,
+//! held, waiting, oldest claimable age, dead letters, paused; blocked keys; replicas; producer
+//! streams; the warnings `status` gives; plots of the last hour from samples it keeps itself),
+//! the dead letters (filters, paging, a safe preview, the key each one holds back), the audit
+//! trail, and, when started with `--actions`, pause/resume and replay/discard, each previewed
+//! (a dry run lists exactly the ids), confirmed with a reason and audited with the identity.
+//!
+//! One source of truth: every query and action is an operator command of this binary
+//! ([`crate::ops`]), parsed from the CLI's own flags and run on the console's pool.
+//!
+//! Security: loopback only in local mode; behind Identity-Aware Proxy every request needs the
+//! proxy's signed assertion ([`auth`]); every change needs the identity's CSRF token and a
+//! same-origin request ([`csrf`]); no payload beyond the safe preview; a strict
+//! Content-Security-Policy and no external asset or script ([`html`]).
+
+mod auth;
+mod csrf;
+mod html;
+mod pages;
+mod samples;
+mod svg;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use axum::routing::{get, post};
+use outbox_runtime::db::DatabaseArgs;
+use outbox_runtime::exit::Exit;
+use outbox_runtime::shutdown::{Shutdown, on_signals};
+use outbox_runtime::telemetry::TelemetryArgs;
+use sqlx::PgPool;
+
+pub use auth::{AuthError, Claims, IAP_HEADER, IAP_ISSUER, Keys, parse_keys, verify};
+
+use crate::config::SkipDeadLetters;
+
+/// How the console knows who asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AuthMode {
+    /// The operator who started it; it listens on loopback only.
+    Local,
+    /// Behind Identity-Aware Proxy: every request carries the proxy's signed assertion.
+    Iap,
+}
+
+/// `console` options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConsoleArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
+    /// Where the console listens. Local mode takes only a loopback address.
+    #[arg(
+        long,
+        env = "OUTBOX_CONSOLE_LISTEN_ADDR",
+        default_value = "127.0.0.1:8080"
+    )]
+    pub listen_addr: SocketAddr,
+    /// Who may use it: local (the operator who started it, loopback only) or iap (behind
+    /// Identity-Aware Proxy: every request needs the proxy's signed assertion; the identity is
+    /// its email).
+    #[arg(long, env = "OUTBOX_CONSOLE_AUTH", value_enum, default_value = "local")]
+    pub auth: AuthMode,
+    /// IAP: the audience the proxy signs for, /projects/PROJECT_NUMBER/global/backendServices/SERVICE_ID.
+    #[arg(long, env = "OUTBOX_CONSOLE_IAP_AUDIENCE")]
+    pub iap_audience: Option<String>,
+    /// IAP: where Google publishes the proxy's public keys.
+    #[arg(
+        long,
+        env = "OUTBOX_CONSOLE_IAP_KEYS_URL",
+        default_value = "https://www.gstatic.com/iap/verify/public_key-jwk"
+    )]
+    pub iap_keys_url: String,
+    /// Local mode: the identity shown and audited (default: the OS user, as the CLI's actor).
+    #[arg(long, env = "OUTBOX_CONSOLE_USER")]
+    pub local_user: Option<String>,
+    /// Offer the actions (pause/resume, replay/discard); without it the console only reads.
+    #[arg(long, env = "OUTBOX_CONSOLE_ACTIONS")]
+    pub actions: bool,
+    /// The key of the CSRF tokens, shared by the console's replicas (default: a random key per
+    /// process; the forms of one replica are then refused by another).
+    #[arg(long, env = "OUTBOX_CONSOLE_CSRF_KEY", hide_env_values = true)]
+    pub csrf_key: Option<String>,
+    /// How often the console samples the outbox for its plots.
+    #[arg(long, env = "OUTBOX_CONSOLE_SAMPLE_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub sample_interval: Duration,
+    #[command(flatten)]
+    pub skip_dead_letters: SkipDeadLetters,
+}
+
+/// The console's shared state.
+#[derive(Debug)]
+pub struct Console {
+    pool: PgPool,
+    auth: auth::Auth,
+    csrf: csrf::Csrf,
+    samples: Arc<samples::Samples>,
+    actions: bool,
+    skip_dead_letter_topics: Vec<String>,
+}
+
+impl ConsoleArgs {
+    /// Checks the options that tie together (exit 2 with the fix).
+    pub fn check(&self) -> Result<(), String> {
+        match self.auth {
+            AuthMode::Local if !self.listen_addr.ip().is_loopback() => Err(format!(
+                "--auth local serves {} only to this machine: --listen-addr must be a loopback \
+                 address (127.0.0.1:8080); behind Identity-Aware Proxy use --auth iap",
+                self.listen_addr
+            )),
+            AuthMode::Iap if self.iap_audience.as_deref().is_none_or(str::is_empty) => Err(
+                "--auth iap needs --iap-audience (OUTBOX_CONSOLE_IAP_AUDIENCE): \
+                 /projects/PROJECT_NUMBER/global/backendServices/SERVICE_ID, the backend \
+                 service IAP protects"
+                    .into(),
+            ),
+            _ if self.sample_interval < Duration::from_secs(1) => {
+                Err("--sample-interval must be at least 1s".into())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Console {
+    /// The console for `args` on `pool`.
+    pub fn new(args: &ConsoleArgs, pool: PgPool) -> Self {
+        let auth = match args.auth {
+            AuthMode::Local => auth::Auth::Local {
+                user: outbox_runtime::operator::actor(args.local_user.as_deref())
+                    .unwrap_or_else(|| "local operator".to_owned()),
+            },
+            AuthMode::Iap => auth::Auth::Iap(auth::Iap::new(
+                args.iap_audience.clone().unwrap_or_default(),
+                args.iap_keys_url.clone(),
+            )),
+        };
+        Self {
+            pool,
+            auth,
+            csrf: csrf::Csrf::new(args.csrf_key.as_deref()),
+            samples: Arc::new(samples::Samples::default()),
+            actions: args.actions,
+            skip_dead_letter_topics: args.skip_dead_letters.topics.clone(),
+        }
+    }
+
+    /// The identity of the request, or the refusal to send.
+    async fn identify(&self, headers: &HeaderMap) -> Result<String, Response> {
+        self.auth.identify(headers).await.map_err(|e| {
+            tracing::info!(error = %e, "A console request was refused: no valid identity.");
+            let status = match e {
+                AuthError::Keys { .. } => StatusCode::SERVICE_UNAVAILABLE,
+                _ => StatusCode::UNAUTHORIZED,
+            };
+            html::respond(status, "text/plain; charset=utf-8", format!("{e}\n"))
+        })
+    }
+
+    /// A change request: the identity, the form's fields and its ids, once the actions are on,
+    /// the request is same-origin and the CSRF token is the identity's.
+    async fn change_request(
+        &self,
+        headers: &HeaderMap,
+        body: &str,
+    ) -> Result<(String, pages::Fields, Vec<String>), Response> {
+        let who = self.identify(headers).await?;
+        if !self.actions {
+            return Err(html::problem(
+                StatusCode::FORBIDDEN,
+                &who,
+                "this console only reads: start it with --actions to pause, resume, replay or discard",
+            ));
+        }
+        let mut fields = pages::Fields::new();
+        let mut ids = Vec::new();
+        for (k, v) in form_urlencoded::parse(body.as_bytes()) {
+            if k == "id" {
+                ids.push(v.into_owned());
+            } else {
+                fields.insert(k.into_owned(), v.into_owned());
+            }
+        }
+        let token = fields.get("csrf").map_or("", String::as_str);
+        if csrf::cross_site(headers) || !self.csrf.check(&who, token) {
+            tracing::warn!(identity = %who, "A console change was refused: cross-site, or no valid CSRF token.");
+            return Err(html::problem(
+                StatusCode::FORBIDDEN,
+                &who,
+                "refused: the form's token is missing or not yours (reload the page and try again)",
+            ));
+        }
+        Ok((who, fields, ids))
+    }
+
+    /// Messages waiting behind a dead letter of `topic`'s `key` at `outbox_id`.
+    async fn held_behind(
+        &self,
+        topic: &str,
+        key: &str,
+        outbox_id: Option<i64>,
+    ) -> Result<i64, outbox_shared::Error> {
+        let mut conn =
+            self.pool
+                .begin()
+                .await
+                .map_err(|source| outbox_shared::Error::Database {
+                    context: "reading what a dead letter holds back",
+                    source,
+                })?;
+        let n =
+            outbox_shared::store::dead_letter::held_behind(&mut conn, topic, key, outbox_id).await;
+        let _ = conn.rollback().await;
+        n
+    }
+}
+
+/// The console's routes on `console`.
+pub fn router(console: Arc<Console>) -> Router {
+    Router::new()
+        .route("/", get(pages::overview))
+        .route("/dead-letters", get(pages::dead_letters))
+        .route("/dead-letters/{id}", get(pages::dead_letter))
+        .route("/audit", get(pages::audit))
+        .route("/actions/preview", post(pages::preview))
+        .route("/actions/apply", post(pages::apply))
+        .route("/console.css", get(stylesheet))
+        .route("/healthz", get(healthz))
+        .with_state(console)
+}
+
+async fn stylesheet() -> Response {
+    html::respond(
+        StatusCode::OK,
+        "text/css; charset=utf-8",
+        html::CSS.to_owned(),
+    )
+}
+
+/// Liveness for the load balancer's health check (which comes without an identity): the
+/// database answers.
+async fn healthz(State(c): State<Arc<Console>>) -> Response {
+    match sqlx::query("SELECT 1").execute(&c.pool).await {
+        Ok(_) => html::respond(StatusCode::OK, "text/plain; charset=utf-8", "ok\n".into()),
+        Err(_) => html::respond(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain; charset=utf-8",
+            "the database does not answer\n".into(),
+        ),
+    }
+}
+
+/// Serves the console on `listener` until `shutdown` (the sampler runs beside it).
+pub async fn serve(
+    console: Arc<Console>,
+    listener: tokio::net::TcpListener,
+    interval: Duration,
+    shutdown: Shutdown,
+) -> std::io::Result<()> {
+    let sampler = tokio::spawn(samples::sample(
+        console.pool.clone(),
+        console.samples.clone(),
+        console.skip_dead_letter_topics.clone(),
+        interval,
+        shutdown.clone(),
+    ));
+    let mut stop = shutdown.clone();
+    let served = axum::serve(listener, router(console))
+        .with_graceful_shutdown(async move { stop.requested().await })
+        .await;
+    sampler.abort();
+    served
+}
+
+/// Why the console cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsoleError {
+    /// The options contradict each other (exit 2).
+    #[error("{0}")]
+    Config(String),
+    /// PostgreSQL cannot be reached, or DATABASE_URL is wrong.
+    #[error(transparent)]
+    Connect(#[from] outbox_runtime::db::ConnectError),
+    /// The listen address is taken or not ours (exit 2).
+    #[error("listening on {addr} failed: {source}; choose another --listen-addr")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Serving failed.
+    #[error("serving the console failed: {0}")]
+    Serve(#[source] std::io::Error),
+}
+
+impl outbox_runtime::exit::Failure for ConsoleError {
+    fn is_configuration(&self) -> bool {
+        match self {
+            Self::Config(_) | Self::Listen { .. } => true,
+            Self::Connect(e) => e.is_configuration(),
+            Self::Serve(_) => false,
+        }
+    }
+}
+
+/// `dispatcher console`: checks the options, connects, serves until SIGTERM/SIGINT.
+pub async fn run(args: &ConsoleArgs) -> Exit {
+    match start_and_serve(args).await {
+        Ok(()) => Exit::Ok,
+        Err(e) => outbox_runtime::exit::fail(args.telemetry.log_format, "The console failed", &e),
+    }
+}
+
+async fn start_and_serve(args: &ConsoleArgs) -> Result<(), ConsoleError> {
+    args.check().map_err(ConsoleError::Config)?;
+    let pool = outbox_runtime::db::connect(&args.database, "pubsub-outbox-console").await?;
+    let listener = tokio::net::TcpListener::bind(args.listen_addr)
+        .await
+        .map_err(|source| ConsoleError::Listen {
+            addr: args.listen_addr,
+            source,
+        })?;
+    let addr = listener.local_addr().map_or(args.listen_addr, |a| a);
+    let console = Arc::new(Console::new(args, pool));
+    tracing::info!(addr = %addr, auth = ?args.auth, actions = args.actions,
+        "The console is up: http://{addr}/");
+    let signals = on_signals();
+    serve(console, listener, args.sample_interval, signals.shutdown)
+        .await
+        .map_err(ConsoleError::Serve)
+}

@@ -1,0 +1,273 @@
+//! `dispatcher console`, the real binary: behind Identity-Aware Proxy a request without a valid
+//! assertion is refused (missing, expired, for another audience, signed by another key); a change
+//! without the identity's CSRF token, or from another site, is refused and changes nothing; a
+//! previewed, confirmed replay moves the dead letter and audits the identity; a read-only console
+//! offers and accepts no change; what the database holds cannot become markup.
+
+use std::time::Duration;
+
+use harness::db::TestDb;
+use harness::fixtures::{count, dead_letter};
+use harness::iap::IapStandIn;
+use harness::process::{Process, Spawn, http_request};
+
+const AUDIENCE: &str = "/projects/123456/global/backendServices/7890";
+const TOPIC: &str = "projects/test-project/topics/console";
+
+/// The console binary on `db` with `args`, on a free port; returns it and its address.
+async fn console(db: &TestDb, args: &[&str]) -> (Process, String) {
+    let mut p = Spawn::binary("dispatcher")
+        .arg("console")
+        .args(["--listen-addr", "127.0.0.1:0"])
+        .args(args)
+        .env("DATABASE_URL", db.url())
+        .start()
+        .expect("start the console");
+    let addr = p
+        .bound_addr(Duration::from_secs(30))
+        .await
+        .expect("the console's address")
+        .to_string();
+    (p, addr)
+}
+
+/// The CSRF token of the first form of `page`.
+fn csrf_of(page: &str) -> String {
+    let at = page
+        .find("name=\"csrf\" value=\"")
+        .expect("a form with a CSRF token")
+        + "name=\"csrf\" value=\"".len();
+    page[at..].split('"').next().unwrap_or_default().to_owned()
+}
+
+#[tokio::test]
+async fn behind_iap_a_request_without_a_valid_assertion_is_refused() {
+    let db = TestDb::new().await;
+    let iap = IapStandIn::start().await;
+    let keys = iap.keys_url();
+    let (_console, addr) = console(
+        &db,
+        &[
+            "--auth",
+            "iap",
+            "--iap-audience",
+            AUDIENCE,
+            "--iap-keys-url",
+            &keys,
+            "--actions",
+        ],
+    )
+    .await;
+    let get = |assertion: Option<String>| {
+        let addr = addr.clone();
+        async move {
+            let headers: Vec<(&str, &str)> = match &assertion {
+                Some(a) => vec![("x-goog-iap-jwt-assertion", a.as_str())],
+                None => vec![],
+            };
+            http_request(&addr, "GET", "/", &headers, "").await
+        }
+    };
+    let refused = [
+        ("no assertion", None),
+        (
+            "expired",
+            Some(iap.assertion("oncall@example.com", AUDIENCE, -300)),
+        ),
+        (
+            "another audience",
+            Some(iap.assertion(
+                "oncall@example.com",
+                "/projects/1/global/backendServices/2",
+                600,
+            )),
+        ),
+        (
+            "another key",
+            Some(IapStandIn::forged("oncall@example.com", AUDIENCE)),
+        ),
+        ("not a JWT", Some("garbage".to_owned())),
+    ];
+    for (case, assertion) in refused {
+        let r = get(assertion).await;
+        assert_eq!(r.status, 401, "{case}: refused; {}", r.body);
+        assert!(
+            !r.body.contains("<table"),
+            "{case}: nothing of the outbox shown"
+        );
+    }
+    let r = get(Some(iap.assertion("oncall@example.com", AUDIENCE, 600))).await;
+    assert_eq!(r.status, 200, "a valid assertion: {}", r.body);
+    assert!(
+        r.body
+            .contains("<span class=\"who\" id=\"identity\">oncall@example.com</span>"),
+        "the identity is the assertion's email"
+    );
+    let csp = r.header("content-security-policy").unwrap_or_default();
+    assert!(
+        csp.contains("default-src 'none'") && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
+    assert!(!r.body.contains("<script"), "no script on the page");
+    let health = http_request(&addr, "GET", "/healthz", &[], "").await;
+    assert_eq!(
+        health.status, 200,
+        "the load balancer's health check needs no identity"
+    );
+}
+
+#[tokio::test]
+async fn a_change_needs_the_identitys_csrf_token_and_a_same_origin_request() {
+    let db = TestDb::new().await;
+    let id = dead_letter(
+        &db.pool,
+        TOPIC,
+        Some("k1"),
+        b"{\"n\":1}",
+        "INVALID_ARGUMENT: schema",
+    )
+    .await;
+    let (_console, addr) = console(&db, &["--actions", "--local-user", "alice@example.com"]).await;
+    let detail = http_request(&addr, "GET", &format!("/dead-letters/{id}"), &[], "").await;
+    assert_eq!(detail.status, 200, "{}", detail.body);
+    let token = csrf_of(&detail.body);
+    let form =
+        |csrf: &str| format!("action=replay&scope=ids&id={id}&reason=schema+fixed&csrf={csrf}");
+
+    for (case, body, headers) in [
+        (
+            "no token",
+            format!("action=replay&scope=ids&id={id}&reason=x"),
+            vec![],
+        ),
+        ("a wrong token", form("AAAA"), vec![]),
+        (
+            "another site",
+            form(&token),
+            vec![("Sec-Fetch-Site", "cross-site")],
+        ),
+        (
+            "another origin",
+            form(&token),
+            vec![("Origin", "https://evil.example")],
+        ),
+    ] {
+        for path in ["/actions/preview", "/actions/apply"] {
+            let r = http_request(&addr, "POST", path, &headers, &body).await;
+            assert_eq!(r.status, 403, "{case} {path}: refused; {}", r.body);
+        }
+    }
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM pubsub_outbox_dead_letter").await,
+        1,
+        "nothing changed"
+    );
+
+    let preview = http_request(&addr, "POST", "/actions/preview", &[], &form(&token)).await;
+    assert_eq!(preview.status, 200, "{}", preview.body);
+    assert!(
+        preview
+            .body
+            .contains(&format!("<span id=\"ids\">{id}</span>")),
+        "the preview lists exactly the id: {}",
+        preview.body
+    );
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM pubsub_outbox_dead_letter").await,
+        1,
+        "a preview changes nothing"
+    );
+    let done = http_request(
+        &addr,
+        "POST",
+        "/actions/apply",
+        &[],
+        &form(&csrf_of(&preview.body)),
+    )
+    .await;
+    assert_eq!(done.status, 200, "{}", done.body);
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM pubsub_outbox_dead_letter").await,
+        0,
+        "replayed"
+    );
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM pubsub_outbox WHERE ordering_key = 'k1'"
+        )
+        .await,
+        1,
+        "back in the outbox"
+    );
+    let (actor, reason): (String, String) =
+        sqlx::query_as("SELECT actor, reason FROM pubsub_outbox_audit WHERE action = 'replay'")
+            .fetch_one(&db.pool)
+            .await
+            .expect("one audit row");
+    assert_eq!(
+        (actor.as_str(), reason.as_str()),
+        ("alice@example.com", "schema fixed")
+    );
+}
+
+#[tokio::test]
+async fn a_read_only_console_offers_and_accepts_no_change() {
+    let db = TestDb::new().await;
+    let id = dead_letter(&db.pool, TOPIC, None, b"{}", "INVALID_ARGUMENT: schema").await;
+    let (_console, addr) = console(&db, &[]).await;
+    let detail = http_request(&addr, "GET", &format!("/dead-letters/{id}"), &[], "").await;
+    assert_eq!(detail.status, 200);
+    assert!(!detail.body.contains("<form id=\"act\""), "no action form");
+    let r = http_request(
+        &addr,
+        "POST",
+        "/actions/apply",
+        &[],
+        &format!("action=discard&scope=ids&id={id}&reason=x&csrf=x"),
+    )
+    .await;
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM pubsub_outbox_dead_letter").await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn what_the_database_holds_cannot_become_markup() {
+    let db = TestDb::new().await;
+    let id = dead_letter(
+        &db.pool,
+        TOPIC,
+        Some("<b>key</b>"),
+        b"<script>alert(1)</script>",
+        "<img src=x onerror=alert(1)>",
+    )
+    .await;
+    let (_console, addr) = console(&db, &["--actions"]).await;
+    for path in [
+        format!("/dead-letters/{id}"),
+        "/dead-letters".to_owned(),
+        "/".to_owned(),
+    ] {
+        let r = http_request(&addr, "GET", &path, &[], "").await;
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+        for raw in ["<script>", "<b>key</b>", "<img src=x"] {
+            assert!(
+                !r.body.contains(raw),
+                "{path} shows {raw} as markup: {}",
+                r.body
+            );
+        }
+    }
+    let detail = http_request(&addr, "GET", &format!("/dead-letters/{id}"), &[], "").await;
+    assert!(
+        detail
+            .body
+            .contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "the preview, escaped"
+    );
+    let unknown = http_request(&addr, "GET", "/dead-letters/999999", &[], "").await;
+    assert_eq!(unknown.status, 404);
+}
