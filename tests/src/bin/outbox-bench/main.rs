@@ -23,6 +23,7 @@
 //!   and a transfer rate, beside fetching alone and enqueueing alone (module `producer`).
 //! - `enqueue`: `enqueue_batch` (`INSERT … SELECT FROM UNNEST`) against binary COPY of the same
 //!   rows, one stream, with the COPY encoding verified by reading rows back.
+//! - `console`: the console's pages (the real binary) with 10^6 outbox rows and 10^5 dead letters.
 //!
 //! Every invocation works in its own database (`outbox_bench_<unique>`, created from DATABASE_URL
 //! and migrated) and, for `dispatch`, its own topic; both are removed at the end, also after an error
@@ -32,6 +33,7 @@
 
 mod binary;
 mod claim;
+mod console;
 mod dispatch;
 mod enqueue;
 mod inbox;
@@ -101,6 +103,8 @@ enum Command {
     /// The real producer binary against a BigQuery stand-in (delay per call, transfer rate),
     /// with fetching alone (its dry run) and enqueueing alone in the same rounds.
     Producer(producer::ProducerArgs),
+    /// The console's pages with a large outbox (10^6 rows, 10^5 dead letters): ms per page.
+    Console(console::ConsoleArgs),
 }
 
 #[tokio::main]
@@ -128,7 +132,7 @@ async fn run(cli: Cli) -> Result<()> {
         | Command::Resources(_)
         | Command::Soak(_) => 4,
         Command::Peer(a) => a.workers,
-        Command::Enqueue(_) | Command::Producer(_) => 1,
+        Command::Enqueue(_) | Command::Producer(_) | Command::Console(_) => 1,
     };
     println!("load average at start: {}", load_average());
     let db = Scratch::create(&cli.database_url, workers.max(1)).await?;
@@ -154,6 +158,7 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Peer(a) => interruptible(peer::peer_bench(&db, a)).await,
         Command::Enqueue(a) => interruptible(enqueue::enqueue_bench(&db, a)).await,
         Command::Producer(a) => interruptible(producer::producer_bench(&db, a)).await,
+        Command::Console(a) => interruptible(console::console_bench(&db, a)).await,
     };
     db.pool.close().await;
     // Dropping the scratch database removes it.
