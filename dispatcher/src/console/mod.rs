@@ -25,7 +25,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{FromRequestParts, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -101,6 +102,13 @@ pub struct Console {
     auth: auth::Auth,
     csrf: csrf::Csrf,
     samples: Arc<samples::Samples>,
+    /// The last `status` and when it was read: the overview renders it, so a page costs no
+    /// query however large the outbox, and status runs once per interval however many
+    /// browsers watch.
+    status: std::sync::Mutex<Option<(std::time::Instant, serde_json::Value)>>,
+    /// How long the last `status` read took (its next one waits at least 10 times that).
+    status_took: std::sync::Mutex<Duration>,
+    interval: Duration,
     actions: bool,
     skip_dead_letter_topics: Vec<String>,
 }
@@ -146,6 +154,9 @@ impl Console {
             auth,
             csrf: csrf::Csrf::new(args.csrf_key.as_deref()),
             samples: Arc::new(samples::Samples::default()),
+            status: std::sync::Mutex::new(None),
+            status_took: std::sync::Mutex::new(Duration::ZERO),
+            interval: args.sample_interval,
             actions: args.actions,
             skip_dead_letter_topics: args.skip_dead_letters.topics.clone(),
         }
@@ -163,20 +174,20 @@ impl Console {
         })
     }
 
-    /// A change request: the identity, the form's fields and its ids, once the actions are on,
-    /// the request is same-origin and the CSRF token is the identity's.
-    async fn change_request(
+    /// A change request's form fields and ids, once the actions are on, the request is
+    /// same-origin and the CSRF token is `who`'s.
+    fn change_request(
         &self,
+        who: &str,
         headers: &HeaderMap,
         body: &str,
-    ) -> Result<(String, pages::Fields, Vec<String>), Response> {
-        let who = self.identify(headers).await?;
+    ) -> Result<(pages::Fields, Vec<String>), Box<Response>> {
         if !self.actions {
-            return Err(html::problem(
+            return Err(Box::new(html::problem(
                 StatusCode::FORBIDDEN,
-                &who,
+                who,
                 "this console only reads: start it with --actions to pause, resume, replay or discard",
-            ));
+            )));
         }
         let mut fields = pages::Fields::new();
         let mut ids = Vec::new();
@@ -188,15 +199,57 @@ impl Console {
             }
         }
         let token = fields.get("csrf").map_or("", String::as_str);
-        if csrf::cross_site(headers) || !self.csrf.check(&who, token) {
+        if csrf::cross_site(headers) || !self.csrf.check(who, token) {
             tracing::warn!(identity = %who, "A console change was refused: cross-site, or no valid CSRF token.");
-            return Err(html::problem(
+            return Err(Box::new(html::problem(
                 StatusCode::FORBIDDEN,
-                &who,
+                who,
                 "refused: the form's token is missing or not yours (reload the page and try again)",
-            ));
+            )));
         }
-        Ok((who, fields, ids))
+        Ok((fields, ids))
+    }
+
+    /// `status` (with the console's skip flags) as of at most one interval ago, and its age:
+    /// the last one read, else read now.
+    async fn status(&self) -> Result<(serde_json::Value, Duration), String> {
+        let cached = self.status.lock().ok().and_then(|s| s.clone());
+        match cached {
+            Some((at, json)) if at.elapsed() <= self.status_every() * 2 => Ok((json, at.elapsed())),
+            _ => self
+                .refresh_status()
+                .await
+                .map(|json| (json, Duration::ZERO)),
+        }
+    }
+
+    /// Reads `status` now and keeps it for the overview.
+    async fn refresh_status(&self) -> Result<serde_json::Value, String> {
+        let mut args = vec!["status".to_owned()];
+        args.extend(self.skip_flags());
+        let started = std::time::Instant::now();
+        let json = self.json(&args).await?;
+        if let Ok(mut took) = self.status_took.lock() {
+            *took = started.elapsed();
+        }
+        if let Ok(mut s) = self.status.lock() {
+            *s = Some((std::time::Instant::now(), json.clone()));
+        }
+        Ok(json)
+    }
+
+    /// How often `status` is read: every interval, or 10 times its own last duration when that
+    /// is longer (a huge backlog: the read stays under a tenth of one connection's time).
+    fn status_every(&self) -> Duration {
+        let took = self.status_took.lock().map_or(Duration::ZERO, |t| *t);
+        self.interval.max(took * 10)
+    }
+
+    /// After a change: the next overview reads `status` again.
+    fn forget_status(&self) {
+        if let Ok(mut s) = self.status.lock() {
+            *s = None;
+        }
     }
 
     /// Messages waiting behind a dead letter of `topic`'s `key` at `outbox_id`.
@@ -218,6 +271,21 @@ impl Console {
             outbox_shared::store::dead_letter::held_behind(&mut conn, topic, key, outbox_id).await;
         let _ = conn.rollback().await;
         n
+    }
+}
+
+/// The identity of a request: every page and action takes it, and a request without a valid
+/// one gets the refusal [`Console::identify`] gives.
+pub struct Who(pub String);
+
+impl FromRequestParts<Arc<Console>> for Who {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        console: &Arc<Console>,
+    ) -> Result<Self, Self::Rejection> {
+        console.identify(&parts.headers).await.map(Who)
     }
 }
 
@@ -270,12 +338,26 @@ pub async fn serve(
         interval,
         shutdown.clone(),
     ));
+    let refresher = tokio::spawn(refresh_status(console.clone(), shutdown.clone()));
     let mut stop = shutdown.clone();
     let served = axum::serve(listener, router(console))
         .with_graceful_shutdown(async move { stop.requested().await })
         .await;
     sampler.abort();
+    refresher.abort();
     served
+}
+
+/// Reads `status` for the overview every interval (or 10 times its duration) until shutdown (a failure is logged; the
+/// overview then reads it itself).
+async fn refresh_status(console: Arc<Console>, mut shutdown: Shutdown) {
+    loop {
+        if let Err(e) = console.refresh_status().await {
+            tracing::warn!(error = %e, "The console could not read the status; the overview will try again.");
+        }
+        let every = console.status_every();
+        tokio::select! { _ = tokio::time::sleep(every) => {}, _ = shutdown.requested() => return }
+    }
 }
 
 /// Why the console cannot run.

@@ -6,15 +6,16 @@
 //! audit row names the authenticated identity.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde_json::Value;
 
-use super::Console;
 use super::html::{Section, esc, page, problem, table, url};
 use super::svg::chart;
+use super::{Console, Who};
 use crate::cli::{Cli, Command};
 
 /// The query or form fields of a request.
@@ -88,12 +89,12 @@ impl Console {
     }
 
     /// Runs `args` and parses its JSON.
-    async fn json(&self, args: &[String]) -> Result<Value, String> {
+    pub(super) async fn json(&self, args: &[String]) -> Result<Value, String> {
         let out = self.command(args).await?;
         serde_json::from_str(&out.json).map_err(|e| format!("reading the command's JSON: {e}"))
     }
 
-    fn skip_flags(&self) -> Vec<String> {
+    pub(super) fn skip_flags(&self) -> Vec<String> {
         if self.skip_dead_letter_topics.is_empty() {
             Vec::new()
         } else {
@@ -137,18 +138,17 @@ fn list<'a>(status: &'a Value, key: &str) -> &'a [Value] {
 }
 
 /// `/`: queues per topic, blocked keys, replicas, streams, warnings, the last hour's plots.
-pub async fn overview(State(c): State<std::sync::Arc<Console>>, headers: HeaderMap) -> Response {
-    let who = match c.identify(&headers).await {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
-    let mut args = vec!["status".to_owned()];
-    args.extend(c.skip_flags());
-    let status = match c.json(&args).await {
-        Ok(v) => v,
+pub async fn overview(State(c): State<Arc<Console>>, Who(who): Who) -> Response {
+    let (status, age) = match c.status().await {
+        Ok(s) => s,
         Err(e) => return problem(StatusCode::INTERNAL_SERVER_ERROR, &who, &e),
     };
-    let mut body = warnings_section(&status);
+    let mut body = format!(
+        "<p class=\"as-of\">As of {:.0} s ago (read every {} s).</p>",
+        age.as_secs_f64(),
+        c.status_every().as_secs()
+    );
+    body.push_str(&warnings_section(&status));
     body.push_str(&c.topics_section(&status, &who));
     body.push_str(&blocked_section(&status));
     body.push_str(&replicas_section(&status));
@@ -193,9 +193,21 @@ impl Console {
             .last()
             .map(|s| s.topics.iter().map(|(t, _, a)| (t.clone(), *a)).collect())
             .unwrap_or_default();
-        let topics: Vec<Vec<String>> = list(status, "topics")
-            .iter()
-            .map(|t| {
+        section(
+            status,
+            "topics",
+            ("Topics", "topics"),
+            &[
+                "Topic",
+                "Due",
+                "Held",
+                "Waiting",
+                "Oldest due",
+                "Oldest claimable",
+                "Dead (perm/exh/rej)",
+                "Paused",
+            ],
+            |t| {
                 let name = text(t, "topic");
                 let paused = t.get("paused").and_then(Value::as_bool).unwrap_or(false);
                 vec![
@@ -225,24 +237,8 @@ impl Console {
                         self.topic_action(who, "pause", &name)
                     },
                 ]
-            })
-            .collect();
-        let mut body = String::from("<h2>Topics</h2>");
-        body.push_str(&table(
-            "topics",
-            &[
-                "Topic",
-                "Due",
-                "Held",
-                "Waiting",
-                "Oldest due",
-                "Oldest claimable",
-                "Dead (perm/exh/rej)",
-                "Paused",
-            ],
-            &topics,
-        ));
-        body
+            },
+        )
     }
 
     /// The last hour's plots from the console's own samples.
@@ -283,11 +279,26 @@ impl Console {
     }
 }
 
+/// A titled table of `status`'s array `key`, a row per entry.
+fn section(
+    status: &Value,
+    key: &str,
+    (title, id): (&str, &str),
+    head: &[&str],
+    row: impl Fn(&Value) -> Vec<String>,
+) -> String {
+    let rows: Vec<Vec<String>> = list(status, key).iter().map(row).collect();
+    format!("<h2>{title}</h2>{}", table(id, head, &rows))
+}
+
 /// The ordering keys a dead letter holds back.
 fn blocked_section(status: &Value) -> String {
-    let blocked: Vec<Vec<String>> = list(status, "blocked_keys")
-        .iter()
-        .map(|b| {
+    section(
+        status,
+        "blocked_keys",
+        ("Blocked ordering keys", "blocked-keys"),
+        &["Topic", "Ordering key", "Dead letter", "Waiting behind it"],
+        |b| {
             vec![
                 esc(&text(b, "topic")),
                 esc(&text(b, "ordering_key")),
@@ -297,47 +308,16 @@ fn blocked_section(status: &Value) -> String {
                 ),
                 text(b, "waiting"),
             ]
-        })
-        .collect();
-    let mut body = String::from("<h2>Blocked ordering keys</h2>");
-    body.push_str(&table(
-        "blocked-keys",
-        &["Topic", "Ordering key", "Dead letter", "Waiting behind it"],
-        &blocked,
-    ));
-    body
+        },
+    )
 }
 
 /// The dispatcher replicas' heartbeats.
 fn replicas_section(status: &Value) -> String {
-    let replicas: Vec<Vec<String>> = list(status, "replicas")
-        .iter()
-        .map(|r| {
-            let alive = r.get("alive").and_then(Value::as_bool).unwrap_or(false);
-            let open = r
-                .get("breaker_open")
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
-            vec![
-                esc(&text(r, "replica_id")),
-                esc(&text(r, "hostname")),
-                age(r
-                    .get("heartbeat_age_seconds")
-                    .and_then(Value::as_f64)
-                    .unwrap_or(0.0)),
-                if open { "open" } else { "closed" }.to_owned(),
-                format!(
-                    "{}/{}",
-                    text(r, "batches_in_flight"),
-                    text(r, "rows_in_flight")
-                ),
-                if alive { "alive" } else { "gone" }.to_owned(),
-            ]
-        })
-        .collect();
-    let mut body = String::from("<h2>Dispatcher replicas</h2>");
-    body.push_str(&table(
+    section(
+        status,
         "replicas",
+        ("Dispatcher replicas", "replicas"),
         &[
             "Replica",
             "Host",
@@ -346,16 +326,44 @@ fn replicas_section(status: &Value) -> String {
             "In flight (batches/rows)",
             "State",
         ],
-        &replicas,
-    ));
-    body
+        |r| {
+            let alive = r.get("alive").and_then(Value::as_bool).unwrap_or(false);
+            let open = r
+                .get("breaker_open")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            let heartbeat = r.get("heartbeat_age_seconds").and_then(Value::as_f64);
+            vec![
+                esc(&text(r, "replica_id")),
+                esc(&text(r, "hostname")),
+                age(heartbeat.unwrap_or(0.0)),
+                if open { "open" } else { "closed" }.to_owned(),
+                format!(
+                    "{}/{}",
+                    text(r, "batches_in_flight"),
+                    text(r, "rows_in_flight")
+                ),
+                if alive { "alive" } else { "gone" }.to_owned(),
+            ]
+        },
+    )
 }
 
 /// The producer's streams: watermark, lag, last run.
 fn streams_section(status: &Value) -> String {
-    let streams: Vec<Vec<String>> = list(status, "streams")
-        .iter()
-        .map(|s| {
+    section(
+        status,
+        "streams",
+        ("Producer streams", "streams"),
+        &[
+            "Stream",
+            "Watermark",
+            "Lag",
+            "Last run",
+            "Outcome",
+            "Enqueued",
+        ],
+        |s| {
             vec![
                 esc(&text(s, "stream")),
                 esc(&text(s, "watermark_at")),
@@ -366,22 +374,8 @@ fn streams_section(status: &Value) -> String {
                 esc(&text(s, "last_run_outcome")),
                 text(s, "last_run_enqueued"),
             ]
-        })
-        .collect();
-    let mut body = String::from("<h2>Producer streams</h2>");
-    body.push_str(&table(
-        "streams",
-        &[
-            "Stream",
-            "Watermark",
-            "Lag",
-            "Last run",
-            "Outcome",
-            "Enqueued",
-        ],
-        &streams,
-    ));
-    body
+        },
+    )
 }
 
 /// The dead-letter filter fields a list takes, with their CLI flags.
@@ -410,14 +404,10 @@ fn filter_flags(q: &Fields) -> Vec<String> {
 /// `/dead-letters`: the filterable, paged list; with actions, replay or discard of the ticked
 /// entries or of the whole filter.
 pub async fn dead_letters(
-    State(c): State<std::sync::Arc<Console>>,
-    headers: HeaderMap,
+    State(c): State<Arc<Console>>,
+    Who(who): Who,
     Query(q): Query<Fields>,
 ) -> Response {
-    let who = match c.identify(&headers).await {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
     let mut args = vec![
         "dead-letters".into(),
         "list".into(),
@@ -535,14 +525,10 @@ impl Console {
 
 /// `/dead-letters/{id}`: one entry with the safe preview, and the key it holds back.
 pub async fn dead_letter(
-    State(c): State<std::sync::Arc<Console>>,
-    headers: HeaderMap,
+    State(c): State<Arc<Console>>,
+    Who(who): Who,
     Path(id): Path<i64>,
 ) -> Response {
-    let who = match c.identify(&headers).await {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
     let e = match c
         .json(&["dead-letters".into(), "show".into(), id.to_string()])
         .await
@@ -648,14 +634,10 @@ impl Console {
 
 /// `/audit`: the audit trail, filtered by action, actor and time.
 pub async fn audit(
-    State(c): State<std::sync::Arc<Console>>,
-    headers: HeaderMap,
+    State(c): State<Arc<Console>>,
+    Who(who): Who,
     Query(q): Query<Fields>,
 ) -> Response {
-    let who = match c.identify(&headers).await {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
     let mut args = vec!["audit".into(), "--limit".into(), "200".into()];
     for (field, flag) in [
         ("action", "--action"),
@@ -747,13 +729,14 @@ fn change_args(f: &Fields, ids: &[String], who: &str) -> Result<(String, Vec<Str
 /// `POST /actions/preview`: what a change would do (a dry run lists exactly the ids), with the
 /// form that confirms it.
 pub async fn preview(
-    State(c): State<std::sync::Arc<Console>>,
+    State(c): State<Arc<Console>>,
+    Who(who): Who,
     headers: HeaderMap,
     body: String,
 ) -> Response {
-    let (who, f, ids) = match c.change_request(&headers, &body).await {
+    let (f, ids) = match c.change_request(&who, &headers, &body) {
         Ok(r) => r,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let reason = f.get("reason").cloned().unwrap_or_default();
     let (action, mut args) = match change_args(&f, &ids, &who) {
@@ -877,13 +860,14 @@ impl Console {
 
 /// `POST /actions/apply`: the confirmed change (by the previewed ids), audited with the identity.
 pub async fn apply(
-    State(c): State<std::sync::Arc<Console>>,
+    State(c): State<Arc<Console>>,
+    Who(who): Who,
     headers: HeaderMap,
     body: String,
 ) -> Response {
-    let (who, f, ids) = match c.change_request(&headers, &body).await {
+    let (f, ids) = match c.change_request(&who, &headers, &body) {
         Ok(r) => r,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let (action, args) = match change_args(&f, &ids, &who) {
         Ok(a) => a,
@@ -891,6 +875,7 @@ pub async fn apply(
     };
     match c.command(&args).await {
         Ok(out) => {
+            c.forget_status();
             let notes: String = out
                 .notes
                 .iter()
