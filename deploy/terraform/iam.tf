@@ -40,12 +40,16 @@ resource "google_service_account" "scheduler" {
 
 locals {
   # The service accounts that reach Cloud SQL, each through an Auth Proxy that logs in as it.
-  db_workloads = {
-    dispatcher = { email = google_service_account.dispatcher.email }
-    migrate    = { email = google_service_account.migrate.email }
-    producer   = { email = google_service_account.producer.email }
-    operator   = { email = google_service_account.operator.email }
-  }
+  db_workloads = merge(
+    {
+      dispatcher = { email = google_service_account.dispatcher.email }
+      migrate    = { email = google_service_account.migrate.email }
+      producer   = { email = google_service_account.producer.email }
+      operator   = { email = google_service_account.operator.email }
+    },
+    # The console (console.tf), when console_enabled.
+    { for sa in google_service_account.console : "console" => { email = sa.email } },
+  )
   # Everyone who logs in to the database, by a key that is known at plan time: the workloads, and
   # the people and Google groups of var.operators / var.operator_groups, who run the proxy on
   # their own machine with their own credentials (a group's members log in as themselves).

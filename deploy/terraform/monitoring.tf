@@ -156,3 +156,53 @@ resource "google_monitoring_alert_policy" "cloudsql_health" {
   notification_channels = var.alert_notification_channels
   depends_on            = [google_project_service.enabled]
 }
+
+# The producer's watermark lag per stream, from its "Stream summary." log line
+# (watermark_lag_seconds: how far behind now the stream's watermark stands after the run), as a
+# logs-based distribution: a batch job exports no Prometheus metrics.
+resource "google_logging_metric" "producer_watermark_lag" {
+  name   = "${var.name_prefix}-producer-watermark-lag"
+  filter = <<-EOT
+    resource.type="cloud_run_job"
+    resource.labels.job_name="${google_cloud_run_v2_job.producer.name}"
+    jsonPayload.message="Stream summary."
+    jsonPayload.watermark_lag_seconds>=0
+  EOT
+
+  metric_descriptor {
+    metric_kind = "DELTA"
+    value_type  = "DISTRIBUTION"
+    unit        = "s"
+    labels {
+      key         = "stream"
+      value_type  = "STRING"
+      description = "The producer stream (streams file)."
+    }
+  }
+  value_extractor = "EXTRACT(jsonPayload.watermark_lag_seconds)"
+  label_extractors = {
+    stream = "EXTRACT(jsonPayload.stream)"
+  }
+  bucket_options {
+    exponential_buckets {
+      num_finite_buckets = 32
+      growth_factor      = 2
+      scale              = 1
+    }
+  }
+  depends_on = [google_project_service.enabled]
+}
+
+# One dashboard over the dispatcher's managed-Prometheus metrics (PromQL, this namespace) and the
+# producer job's (Cloud Run's executions, the logs-based lag above): backlog and oldest claimable
+# age per topic, publish rate and latency, dead letters, blocked keys, the breaker, replicas,
+# paused topics, producer executions and lag. deploy/check parses dashboard.json and checks that
+# every metric it names is one the dispatcher exports.
+resource "google_monitoring_dashboard" "outbox" {
+  dashboard_json = templatefile("${path.module}/dashboard.json", {
+    namespace    = var.gke_namespace
+    producer_job = google_cloud_run_v2_job.producer.name
+    lag_metric   = google_logging_metric.producer_watermark_lag.name
+  })
+  depends_on = [google_project_service.enabled]
+}

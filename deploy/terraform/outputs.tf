@@ -48,6 +48,16 @@ output "operator_service_account_email" {
   value       = google_service_account.operator.email
 }
 
+output "console_service_account_email" {
+  description = "For the iam.gke.io/gcp-service-account annotation of the console's KSA (deploy/k8s/console/serviceaccount.yaml); null unless console_enabled."
+  value       = one(google_service_account.console[*].email)
+}
+
+output "console_address" {
+  description = "The console Ingress's reserved address: the A record of its host name (deploy/k8s/console/ingress.yaml); null unless console_enabled."
+  value       = one(google_compute_global_address.console[*].address)
+}
+
 output "migrate_service_account_email" {
   description = "For the iam.gke.io/gcp-service-account annotation of the migration Job's KSA (deploy/k8s/common/serviceaccount.yaml)."
   value       = google_service_account.migrate.email
@@ -71,8 +81,8 @@ locals {
 output "database_bootstrap_command" {
   description = <<-EOT
     The bootstrap (deploy/sql/bootstrap.sql), run by an administrator through a local proxy: one
-    run for the workloads and the in-cluster operator, then one per operator in var.operators and
-    var.operator_groups (each run is idempotent and prompts for the password). Names only, no
+    run for the workloads and the in-cluster operator, one for the console (console_enabled), then
+    one per operator in var.operators and var.operator_groups (each run is idempotent and prompts for the password). Names only, no
     password; see deploy/README.md.
   EOT
   value = join("", concat(
@@ -85,6 +95,8 @@ output "database_bootstrap_command" {
         -f deploy/sql/bootstrap.sql
     EOT
     ],
+    # The console's login is an operator too (console_enabled).
+    [for k, name in local.db_users : "${local.bootstrap_psql} -v operator='${name}' -f deploy/sql/bootstrap.sql\n" if k == "console"],
     [for name in keys(google_sql_user.operator) : "${local.bootstrap_psql} -v operator='${name}' -f deploy/sql/bootstrap.sql\n"],
   ))
 }

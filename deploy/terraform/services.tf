@@ -6,6 +6,7 @@ locals {
     "cloudscheduler.googleapis.com",    # the producer's schedule
     "compute.googleapis.com",           # Private Service Access address, Direct VPC egress
     "iam.googleapis.com",               # service accounts
+    "logging.googleapis.com",           # the producer's logs-based lag metric
     "monitoring.googleapis.com",        # the producer alert policy
     "pubsub.googleapis.com",            # topics
     "run.googleapis.com",               # the producer job
@@ -16,7 +17,8 @@ locals {
 }
 
 resource "google_project_service" "enabled" {
-  for_each = toset(local.services)
+  # Identity-Aware Proxy only for the console (console_enabled).
+  for_each = toset(concat(local.services, var.console_enabled ? ["iap.googleapis.com"] : []))
 
   project            = var.project_id
   service            = each.value

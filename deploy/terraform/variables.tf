@@ -367,16 +367,63 @@ variable "allow_alerts_without_notification" {
   default     = false
 }
 
+# ---- the console (dispatcher console, behind IAP) -----------------------------------------------
+
+variable "console_enabled" {
+  description = <<-EOT
+    Create what the operator console on GKE needs (deploy/k8s/console): its Google service account
+    (an IAM database user, a member of outbox_operator after the bootstrap line printed for it),
+    its Workload Identity binding, the reserved global address of its Ingress, and the IAP access
+    of console_users.
+  EOT
+  type        = bool
+  default     = false
+}
+
+variable "console_users" {
+  description = <<-EOT
+    Who may open the console, as IAM members ("user:alice@example.com", "group:oncall@example.com"):
+    roles/iap.httpsResourceAccessor. What they may do there is the console's --actions switch
+    (deploy/k8s/console/configmap.yaml); every change is audited with their email.
+  EOT
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for m in var.console_users : can(regex("^(user|group):[a-z0-9._%+-]+@[a-z0-9.-]+$", m))])
+    error_message = "console_users: \"user:EMAIL\" or \"group:EMAIL\", lowercase."
+  }
+}
+
+variable "console_backend_service" {
+  description = <<-EOT
+    The name of the console's backend service, made by the GKE Ingress controller
+    (`gcloud compute backend-services list --filter="name~pubsub-outbox-console"`). Empty: the IAP
+    access of console_users is granted on every IAP-protected web backend of the project (fine
+    while the console is the only one); set it after the first apply to narrow the grant to the
+    console's backend.
+  EOT
+  type        = string
+  default     = ""
+}
+
+variable "gke_console_service_account" {
+  description = "Kubernetes service account of the console (deploy/k8s/console/serviceaccount.yaml)."
+  type        = string
+  default     = "outbox-console"
+}
+
 # ---- derived ------------------------------------------------------------------------------------
 
 locals {
   gke_project_id      = coalesce(var.gke_project_id, var.project_id)
   bigquery_project_id = coalesce(var.bigquery_project_id, var.project_id)
   # GKE's Workload Identity members: the Kubernetes service accounts of the dispatcher, the
-  # migration Job and the operator Job.
+  # migration Job, the operator Job and the console.
   dispatcher_workload_identity_member = "serviceAccount:${local.gke_project_id}.svc.id.goog[${var.gke_namespace}/${var.gke_service_account}]"
   migrate_workload_identity_member    = "serviceAccount:${local.gke_project_id}.svc.id.goog[${var.gke_namespace}/${var.gke_migrate_service_account}]"
   operator_workload_identity_member   = "serviceAccount:${local.gke_project_id}.svc.id.goog[${var.gke_namespace}/${var.gke_operator_service_account}]"
+  console_workload_identity_member    = "serviceAccount:${local.gke_project_id}.svc.id.goog[${var.gke_namespace}/${var.gke_console_service_account}]"
   # The IAM database users (cloudsql.tf) and the DATABASE_URLs through a proxy on 127.0.0.1:5432.
   # No password: the proxy (--auto-iam-authn) logs in with the workload's token. sslmode=disable
   # is the pod- or task-local hop; the proxy encrypts (TLS 1.3, client certificate) to Cloud SQL.
