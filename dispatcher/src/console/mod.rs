@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{FromRequestParts, State};
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
@@ -286,6 +286,45 @@ impl FromRequestParts<Arc<Console>> for Who {
         console: &Arc<Console>,
     ) -> Result<Self, Self::Rejection> {
         console.identify(&parts.headers).await.map(Who)
+    }
+}
+
+/// A change (`POST /actions/...`): the identity, the form's fields and its ids, once the
+/// actions are on, the request is same-origin and the CSRF token is the identity's
+/// ([`Console::change_request`]); anything else gets the refusal as its response.
+pub struct Change {
+    /// Who asks.
+    pub who: String,
+    /// The form's fields but the ids.
+    pub fields: pages::Fields,
+    /// The form's `id` fields.
+    pub ids: Vec<String>,
+}
+
+/// The most a change's form may hold (axum's own limit for a body read as text).
+const FORM_LIMIT: usize = 2 * 1024 * 1024;
+
+impl FromRequest<Arc<Console>> for Change {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, console: &Arc<Console>) -> Result<Self, Self::Rejection> {
+        let (mut parts, body) = req.into_parts();
+        let Who(who) = Who::from_request_parts(&mut parts, console).await?;
+        let body = axum::body::to_bytes(body, FORM_LIMIT)
+            .await
+            .ok()
+            .and_then(|b| String::from_utf8(b.to_vec()).ok())
+            .ok_or_else(|| {
+                html::problem(
+                    StatusCode::BAD_REQUEST,
+                    &who,
+                    "the form could not be read (over 2 MiB, or not UTF-8)",
+                )
+            })?;
+        let (fields, ids) = console
+            .change_request(&who, &parts.headers, &body)
+            .map_err(|r| *r)?;
+        Ok(Self { who, fields, ids })
     }
 }
 

@@ -9,13 +9,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::Value;
 
 use super::html::{Section, esc, page, problem, table, url};
 use super::svg::chart;
-use super::{Console, Who};
+use super::{Change, Console, Who};
 use crate::cli::{Cli, Command};
 
 /// The query or form fields of a request.
@@ -728,16 +728,12 @@ fn change_args(f: &Fields, ids: &[String], who: &str) -> Result<(String, Vec<Str
 
 /// `POST /actions/preview`: what a change would do (a dry run lists exactly the ids), with the
 /// form that confirms it.
-pub async fn preview(
-    State(c): State<Arc<Console>>,
-    Who(who): Who,
-    headers: HeaderMap,
-    body: String,
-) -> Response {
-    let (f, ids) = match c.change_request(&who, &headers, &body) {
-        Ok(r) => r,
-        Err(r) => return *r,
-    };
+pub async fn preview(State(c): State<Arc<Console>>, change: Change) -> Response {
+    let Change {
+        who,
+        fields: f,
+        ids,
+    } = change;
     let reason = f.get("reason").cloned().unwrap_or_default();
     let (action, mut args) = match change_args(&f, &ids, &who) {
         Ok(a) => a,
@@ -859,16 +855,12 @@ impl Console {
 }
 
 /// `POST /actions/apply`: the confirmed change (by the previewed ids), audited with the identity.
-pub async fn apply(
-    State(c): State<Arc<Console>>,
-    Who(who): Who,
-    headers: HeaderMap,
-    body: String,
-) -> Response {
-    let (f, ids) = match c.change_request(&who, &headers, &body) {
-        Ok(r) => r,
-        Err(r) => return *r,
-    };
+pub async fn apply(State(c): State<Arc<Console>>, change: Change) -> Response {
+    let Change {
+        who,
+        fields: f,
+        ids,
+    } = change;
     let (action, args) = match change_args(&f, &ids, &who) {
         Ok(a) => a,
         Err(e) => return problem(StatusCode::BAD_REQUEST, &who, &e),
