@@ -18,7 +18,7 @@
 //! (released untouched) instead of waiting out the whole `--publish-timeout`.
 
 use std::collections::HashSet;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use outbox_shared::ClaimedMessage;
@@ -71,12 +71,10 @@ pub(crate) async fn run_batch<P: Publish>(
     d: &Dispatch<P>,
     now: DateTime<Utc>,
 ) -> Result<BatchOutcome, DispatcherError> {
-    let claim_started = Instant::now();
+    let mut steps = Steps::start();
     let mut tx = d.claim_session.begin(&d.pool).await?;
     let (claimed, give_back) = claim(d, &mut tx, now).await?;
-    d.metrics
-        .claim_seconds
-        .observe(claim_started.elapsed().as_secs_f64());
+    d.metrics.claim_seconds.observe(steps.claimed());
     if claimed.is_empty() {
         // Nothing locked, nothing written: ending the transaction either way is the same.
         let _ = tx.rollback().await;
@@ -104,6 +102,7 @@ pub(crate) async fn run_batch<P: Publish>(
         Some(_) => decide::outage(&claimed, attempts),
         None => decide::decide(&claimed, attempts, policy, now, fastrand::f64),
     };
+    steps.published();
     settle(
         &mut tx,
         &decision.settlement,
@@ -119,6 +118,7 @@ pub(crate) async fn run_batch<P: Publish>(
         })?;
     give_back.settled(&claimed, &decision.settlement.released);
     record(d, &claimed, &decision, now);
+    steps.log_if_slow(d.settings.slow_batch, &claimed, now);
     match outage {
         Some(error) => {
             d.metrics.outage_batches.inc();
@@ -505,6 +505,64 @@ fn first_sent_topic<'a>(claimed: &'a [ClaimedMessage], decision: &Decision) -> &
         .find(|m| released.contains(&m.id))
         .or(claimed.first())
         .map_or("", |m| m.topic.as_str())
+}
+
+/// When each step of a batch ended, for the slow-batch log (`--slow-batch`): where the time of
+/// a late message went (waiting to be claimed, the claim, the publish, the settlement).
+struct Steps {
+    started: Instant,
+    claimed: Instant,
+    published: Instant,
+}
+
+impl Steps {
+    fn start() -> Self {
+        let now = Instant::now();
+        Self {
+            started: now,
+            claimed: now,
+            published: now,
+        }
+    }
+
+    /// The claim ended; returns its duration in seconds.
+    fn claimed(&mut self) -> f64 {
+        self.claimed = Instant::now();
+        (self.claimed - self.started).as_secs_f64()
+    }
+
+    /// The publish (isolation and probes included) ended.
+    fn published(&mut self) {
+        self.published = Instant::now();
+    }
+
+    /// The batch committed: a warning with each step's time when it was slow, or its oldest row
+    /// had waited `threshold` to be claimed.
+    fn log_if_slow(&self, threshold: Duration, claimed: &[ClaimedMessage], now: DateTime<Utc>) {
+        let total = self.started.elapsed();
+        let waited = claimed
+            .iter()
+            .map(|m| m.created_at)
+            .min()
+            .and_then(|oldest| (now - oldest).to_std().ok())
+            .unwrap_or_default();
+        if threshold.is_zero() || (total < threshold && waited < threshold) {
+            return;
+        }
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        tracing::warn!(
+            batch.size = claimed.len(),
+            wait_ms = ms(waited),
+            claim_ms = ms(self.claimed - self.started),
+            publish_ms = ms(self.published - self.claimed),
+            settle_ms = ms(self.published.elapsed()),
+            total_ms = ms(total),
+            "Slow batch: wait_ms is how long its oldest row waited to be claimed, the other fields \
+             what each step took (publish_ms includes the byte budget's wait, isolation and \
+             probes; settle_ms the commit); the runbook in docs/operating.md, \"A message was late\", \
+             says what each points at."
+        );
+    }
 }
 
 /// Metrics and logs of a settled batch (after the commit: only what is durable is reported).

@@ -213,6 +213,11 @@ pub struct DispatchArgs {
     pub claim_probe_interval: Duration,
     #[command(flatten)]
     pub skip_dead_letters: SkipDeadLetters,
+    /// Log a batch (a warning with the time of each step: the oldest row's wait to be claimed,
+    /// claim, publish, settle and commit) when it takes longer than this from claim to commit,
+    /// or its oldest row waited this long to be claimed. 0 turns it off.
+    #[arg(long, env = "OUTBOX_SLOW_BATCH", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub slow_batch: Duration,
     /// Fault injection (testing a deployment's alerts and recovery): fail this fraction (0..=1)
     /// of message publishes on purpose, with --inject-failure-code. 0 (the default) disables it.
     /// Never set it in production.
@@ -322,6 +327,7 @@ impl TryFrom<&RunArgs> for DispatcherConfig {
                     "--ordering-skip-dead-letters",
                     &a.skip_dead_letters.topics,
                 )?,
+                slow_batch: a.slow_batch,
             },
             pubsub: PubsubConfig {
                 emulator_host: p.pubsub_emulator_host.clone(),

@@ -157,6 +157,9 @@ pub struct BatchSettings {
     pub claim_floor_margin: Duration,
     /// Topics whose ordering keys skip dead-lettered messages instead of blocking behind them.
     pub skip_dead_letter_topics: Vec<String>,
+    /// A batch slower than this, or whose oldest row waited this long to be claimed, is logged
+    /// with the time of each step (`Duration::ZERO`: never).
+    pub slow_batch: Duration,
 }
 
 impl Default for BatchSettings {
@@ -169,6 +172,7 @@ impl Default for BatchSettings {
             key_scan_limit: 2000,
             claim_floor_margin: Duration::from_secs(5),
             skip_dead_letter_topics: Vec::new(),
+            slow_batch: Duration::from_secs(1),
         }
     }
 }
