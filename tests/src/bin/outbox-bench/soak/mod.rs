@@ -248,17 +248,37 @@ pub async fn soak_bench(db: &Scratch, args: &SoakArgs) -> Result<()> {
     let shared = Arc::new(Shared::default());
     let reader = read_subscription(topic.subscription.clone(), shared.clone());
     let mut dispatchers = Vec::new();
-    for _ in 0..args.replicas {
+    let mut labels = Vec::new();
+    let bins = if args.common.dispatcher_bin.is_empty() {
+        vec![contender.clone()]
+    } else {
+        args.common.dispatcher_bin.clone()
+    };
+    let mut env = vec![
+        ("OUTBOX_WORKERS", "4".to_owned()),
+        ("OUTBOX_SLOW_BATCH", "200ms".to_owned()),
+    ];
+    env.extend(
+        args.common
+            .dispatcher_env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone())),
+    );
+    for r in 0..args.replicas {
+        // Replica r runs the (r mod n)-th --dispatcher-bin: an A/B of two builds in one run.
+        let bin = &bins[r % bins.len()];
+        labels.push(format!("{}#{}", bin.label, r + 1));
         dispatchers.push(
             DispatcherProcess::start(
-                &contender.path,
+                &bin.path,
                 db.db.url(),
                 &args.common.pubsub_emulator_host,
-                &[("OUTBOX_WORKERS", "4".to_owned())],
+                &env,
             )
             .await?,
         );
     }
+    println!("  dispatchers: {}", labels.join(", "));
     let producer = ProducerSchedule {
         bin: producer_bin,
         config,
@@ -378,7 +398,10 @@ pub async fn soak_bench(db: &Scratch, args: &SoakArgs) -> Result<()> {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     reader.abort();
-    for d in dispatchers {
+    for (d, label) in dispatchers.into_iter().zip(&labels) {
+        // Its warnings (the slow batches among them) stay beside the samples.
+        let log = out.join(format!("dispatcher-{}.log", label.replace('#', "-")));
+        std::fs::write(&log, d.log()).with_context(|| format!("writing {}", log.display()))?;
         d.stop().await?;
     }
 
@@ -403,7 +426,7 @@ pub async fn soak_bench(db: &Scratch, args: &SoakArgs) -> Result<()> {
         verdict.order_violations.len(),
         load_average()
     );
-    report::judge(&samples, phases, args);
+    report::judge(&samples, phases, args, &labels);
     println!(
         "samples: {}; plot: {}",
         out.join("samples.csv").display(),

@@ -8,6 +8,9 @@ use super::sample::Sample;
 
 /// The series over time as an SVG: throughput, latency (log scale), the outbox's size and dead
 /// tuples, the dispatchers' memory; the held snapshot shaded.
+/// The RSS series' names, by replica.
+const RSS_LABELS: [&str; 3] = ["RSS replica 1", "RSS replica 2", "RSS replica 3"];
+
 pub(crate) fn plot(samples: &[Sample], phases: Phases) -> String {
     const W: f64 = 960.0;
     const PANEL: f64 = 190.0;
@@ -53,6 +56,11 @@ pub(crate) fn plot(samples: &[Sample], phases: Phases) -> String {
                     "#8c564b",
                     Box::new(|s: &Sample| s.claim_p99_ms),
                 ),
+                (
+                    "publish p99 (bucket)",
+                    "#e377c2",
+                    Box::new(|s: &Sample| s.publish_p99_ms),
+                ),
             ],
         ),
         (
@@ -74,11 +82,19 @@ pub(crate) fn plot(samples: &[Sample], phases: Phases) -> String {
         (
             "MiB",
             false,
-            vec![(
-                "dispatcher RSS (sum)",
-                "#17becf",
-                Box::new(|s: &Sample| s.rss_mb),
-            )],
+            ["#17becf", "#bcbd22", "#7f7f7f"]
+                .iter()
+                .zip(RSS_LABELS)
+                .enumerate()
+                .filter(|(r, _)| samples.iter().any(|s| s.rss_mb.len() > *r))
+                .map(|(r, (colour, label))| -> Series {
+                    (
+                        label,
+                        colour,
+                        Box::new(move |s: &Sample| s.rss_mb.get(r).copied().unwrap_or(f64::NAN)),
+                    )
+                })
+                .collect(),
         ),
     ];
     let height = TOP + panels.len() as f64 * (PANEL + 40.0) + 30.0;

@@ -4,7 +4,7 @@ use super::sample::Sample;
 use super::{Phases, SoakArgs};
 
 /// The targets of issue #26, judged from the samples and printed as a table.
-pub(crate) fn judge(samples: &[Sample], phases: Phases, args: &SoakArgs) {
+pub(crate) fn judge(samples: &[Sample], phases: Phases, args: &SoakArgs, labels: &[String]) {
     let of = |phase: &'static str| samples.iter().filter(move |s| s.phase == phase);
     let mean = |v: Vec<f64>| {
         let v: Vec<f64> = v.into_iter().filter(|x| x.is_finite()).collect();
@@ -57,15 +57,17 @@ pub(crate) fn judge(samples: &[Sample], phases: Phases, args: &SoakArgs) {
     let at_recovery = recovered.map(|i| size(after[i]));
     let at_end = samples.last().map(size);
     let peak_size = max(samples.iter().map(size).collect());
-    let warm_rss = samples
-        .iter()
-        .find(|s| s.t >= phases.warmup_end.as_secs_f64())
-        .map(|s| s.rss_mb);
-    let max_rss = max(samples
-        .iter()
-        .filter(|s| s.t >= phases.warmup_end.as_secs_f64())
-        .map(|s| s.rss_mb)
-        .collect());
+    let warm = |r: usize| {
+        let rss = |s: &&Sample| s.rss_mb.get(r).copied().unwrap_or(f64::NAN);
+        let judged: Vec<&Sample> = samples
+            .iter()
+            .filter(|s| s.t >= phases.warmup_end.as_secs_f64())
+            .collect();
+        (
+            judged.first().map(rss),
+            max(judged.iter().map(rss).collect()),
+        )
+    };
     let yes = |ok: bool| if ok { "**yes**" } else { "no" };
     println!(
         "\n{} msgs/s (+{} rows/s from BigQuery), {} dispatcher(s); steady: {:.0} published/s, claim mean {:.2} ms",
@@ -118,10 +120,13 @@ pub(crate) fn judge(samples: &[Sample], phases: Phases, args: &SoakArgs) {
         window_max_p99,
         yes(unheld_over == 0)
     );
-    println!(
-        "| dispatcher RSS: growth ≤ 10 % after warm-up | {} MiB after warm-up, peak {:.1} MiB | {} |",
-        warm_rss.map_or("–".to_owned(), |v| format!("{v:.1}")),
-        max_rss,
-        yes(warm_rss.is_some_and(|w| max_rss <= 1.1 * w))
-    );
+    for (r, label) in labels.iter().enumerate() {
+        let (warm_rss, max_rss) = warm(r);
+        println!(
+            "| dispatcher {label} RSS: growth ≤ 10 % after warm-up | {} MiB after warm-up, peak {:.1} MiB | {} |",
+            warm_rss.map_or("–".to_owned(), |v| format!("{v:.1}")),
+            max_rss,
+            yes(warm_rss.is_some_and(|w| max_rss <= 1.1 * w))
+        );
+    }
 }

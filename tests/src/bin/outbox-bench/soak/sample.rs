@@ -30,6 +30,9 @@ pub(crate) struct Sample {
     pub(crate) claims: f64,
     pub(crate) claim_mean_ms: f64,
     pub(crate) claim_p99_ms: f64,
+    /// The dispatchers' publish round trips: the bucket of their p99 and of the slowest (ms).
+    pub(crate) publish_p99_ms: f64,
+    pub(crate) publish_max_ms: f64,
     pub(crate) heap_mb: f64,
     pub(crate) index_mb: f64,
     pub(crate) live: i64,
@@ -37,7 +40,8 @@ pub(crate) struct Sample {
     pub(crate) vacuums: i64,
     pub(crate) analyzes: i64,
     pub(crate) backlog: f64,
-    pub(crate) rss_mb: f64,
+    /// Each dispatcher's resident memory, MiB.
+    pub(crate) rss_mb: Vec<f64>,
     pub(crate) warnings: Vec<&'static str>,
 }
 
@@ -48,29 +52,30 @@ pub(crate) struct Counters {
     published: f64,
     enqueued: u64,
     arrived: u64,
-    claims: f64,
-    claim_sum: f64,
-    /// Cumulative claim-time buckets: (upper bound in seconds, count).
-    claim_buckets: Vec<(f64, f64)>,
+    claim: Histogram,
+    publish: Histogram,
     backlog: f64,
 }
 
-impl Counters {
-    pub(crate) async fn read(dispatchers: &[DispatcherProcess]) -> Result<Self> {
-        let mut c = Self {
-            at: Some(Instant::now()),
-            ..Self::default()
-        };
+/// A Prometheus histogram summed over the replicas.
+#[derive(Debug, Clone, Default)]
+struct Histogram {
+    count: f64,
+    sum: f64,
+    /// Cumulative buckets: (upper bound in seconds, count), ascending.
+    buckets: Vec<(f64, f64)>,
+}
+
+impl Histogram {
+    fn read(pages: &[String], name: &str) -> Self {
+        let mut h = Self::default();
         let mut buckets: std::collections::BTreeMap<u64, (f64, f64)> = Default::default();
-        for d in dispatchers {
-            let page = d.metrics_text().await?;
-            c.published += metric_sum(&page, "outbox_published_total");
-            c.claims += metric_sum(&page, "outbox_claim_duration_seconds_count");
-            c.claim_sum += metric_sum(&page, "outbox_claim_duration_seconds_sum");
-            c.backlog = c.backlog.max(metric_sum(&page, "outbox_backlog_rows"));
+        let prefix = format!("{name}_bucket{{le=\"");
+        for page in pages {
+            h.count += metric_sum(page, &format!("{name}_count"));
+            h.sum += metric_sum(page, &format!("{name}_sum"));
             for line in page.lines() {
-                let Some(rest) = line.strip_prefix("outbox_claim_duration_seconds_bucket{le=\"")
-                else {
+                let Some(rest) = line.strip_prefix(prefix.as_str()) else {
                     continue;
                 };
                 let Some((le, count)) = rest.split_once("\"} ") else {
@@ -82,13 +87,49 @@ impl Counters {
                     le.parse().unwrap_or(f64::NAN)
                 };
                 let count: f64 = count.trim().parse().unwrap_or(0.0);
-                let e = buckets.entry(le.to_bits()).or_insert((le, 0.0));
-                e.1 += count;
+                buckets.entry(le.to_bits()).or_insert((le, 0.0)).1 += count;
             }
         }
-        c.claim_buckets = buckets.into_values().collect();
-        c.claim_buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-        Ok(c)
+        h.buckets = buckets.into_values().collect();
+        h.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        h
+    }
+
+    /// Observations since `before`, and the upper bound of the bucket holding their `q` quantile
+    /// and of the highest non-empty bucket (seconds).
+    fn since(&self, before: &Self, q: f64) -> (f64, f64, f64) {
+        let n = self.count - before.count;
+        let delta = |i: usize| self.buckets[i].1 - before.buckets.get(i).map_or(0.0, |b| b.1);
+        let quantile = (0..self.buckets.len())
+            .find(|i| delta(*i) >= q * n)
+            .map_or(f64::NAN, |i| self.buckets[i].0);
+        let max = (0..self.buckets.len())
+            .find(|i| delta(*i) >= n)
+            .map_or(f64::NAN, |i| self.buckets[i].0);
+        (n, quantile, max)
+    }
+}
+
+impl Counters {
+    pub(crate) async fn read(dispatchers: &[DispatcherProcess]) -> Result<Self> {
+        let mut pages = Vec::new();
+        for d in dispatchers {
+            pages.push(d.metrics_text().await?);
+        }
+        Ok(Self {
+            at: Some(Instant::now()),
+            published: pages
+                .iter()
+                .map(|p| metric_sum(p, "outbox_published_total"))
+                .sum(),
+            claim: Histogram::read(&pages, "outbox_claim_duration_seconds"),
+            publish: Histogram::read(&pages, "outbox_publish_duration_seconds"),
+            backlog: pages
+                .iter()
+                .map(|p| metric_sum(p, "outbox_backlog_rows"))
+                .fold(0.0, f64::max),
+            ..Self::default()
+        })
     }
 }
 
@@ -113,20 +154,8 @@ pub(crate) async fn sample(
     };
     let mut latencies = std::mem::take(&mut *locked(&shared.latencies)?);
     latencies.sort_by(f64::total_cmp);
-    let claims = now.claims - before.claims;
-    let claim_p99 = {
-        let want = 0.99 * claims;
-        now.claim_buckets
-            .iter()
-            .zip(
-                before
-                    .claim_buckets
-                    .iter()
-                    .chain(std::iter::repeat(&(0.0, 0.0))),
-            )
-            .find(|((_, n), (_, b))| n - b >= want)
-            .map_or(f64::NAN, |((le, _), _)| *le)
-    };
+    let (claims, claim_p99, _) = now.claim.since(&before.claim, 0.99);
+    let (_, publish_p99, publish_max) = now.publish.since(&before.publish, 0.99);
     let (heap, index, live, dead, vacuums, analyzes): (i64, i64, i64, i64, i64, i64) =
         sqlx::query_as(
             "SELECT pg_relation_size('pubsub_outbox'), pg_indexes_size('pubsub_outbox'),
@@ -149,11 +178,13 @@ pub(crate) async fn sample(
         max_ms: latencies.last().copied().unwrap_or(f64::NAN),
         claims: claims / secs,
         claim_mean_ms: if claims > 0.0 {
-            (now.claim_sum - before.claim_sum) / claims * 1e3
+            (now.claim.sum - before.claim.sum) / claims * 1e3
         } else {
             f64::NAN
         },
         claim_p99_ms: claim_p99 * 1e3,
+        publish_p99_ms: publish_p99 * 1e3,
+        publish_max_ms: publish_max * 1e3,
         heap_mb: heap as f64 / 1048576.0,
         index_mb: index as f64 / 1048576.0,
         live,
@@ -161,11 +192,22 @@ pub(crate) async fn sample(
         vacuums,
         analyzes,
         backlog: now.backlog,
-        rss_mb: dispatchers.iter().map(|d| d.memory_mb().0).sum(),
+        rss_mb: dispatchers.iter().map(|d| d.memory_mb().0).collect(),
         warnings,
     };
     *before = now;
     Ok(s)
+}
+
+impl Sample {
+    /// Each replica's RSS, space-separated.
+    fn rss_text(&self) -> String {
+        self.rss_mb
+            .iter()
+            .map(|v| format!("{v:.1}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
 }
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {
@@ -227,7 +269,7 @@ async fn status_warnings(bin: &Path, database_url: &str) -> Result<Vec<&'static 
 
 pub(crate) fn print_sample(s: &Sample) {
     println!(
-        "  [{:>6.0}s {:<8}] enq {:>6.0}/s pub {:>6.0}/s arr {:>6.0}/s | commit->publish p50 {:>7.1} p99 {:>8.1} max {:>8.1} ms | claims {:>5.0}/s mean {:>6.2} p99 {:>7.1} ms | heap {:>6.1} MB idx {:>5.1} MB live {:>7} dead {:>7} vac {} an {} | backlog {:>6.0} | RSS {:>5.1} MiB | {}",
+        "  [{:>6.0}s {:<8}] enq {:>6.0}/s pub {:>6.0}/s arr {:>6.0}/s | commit->publish p50 {:>7.1} p99 {:>8.1} max {:>8.1} ms | claims {:>5.0}/s mean {:>6.2} p99 {:>7.1} ms | publish p99 {:>6.0} max {:>6.0} ms | heap {:>6.1} MB idx {:>5.1} MB live {:>7} dead {:>7} vac {} an {} | backlog {:>6.0} | RSS {} MiB | {}",
         s.t,
         s.phase,
         s.enqueued,
@@ -239,6 +281,8 @@ pub(crate) fn print_sample(s: &Sample) {
         s.claims,
         s.claim_mean_ms,
         s.claim_p99_ms,
+        s.publish_p99_ms,
+        s.publish_max_ms,
         s.heap_mb,
         s.index_mb,
         s.live,
@@ -246,7 +290,7 @@ pub(crate) fn print_sample(s: &Sample) {
         s.vacuums,
         s.analyzes,
         s.backlog,
-        s.rss_mb,
+        s.rss_text(),
         if s.warnings.is_empty() {
             "-".to_owned()
         } else {
@@ -257,12 +301,12 @@ pub(crate) fn print_sample(s: &Sample) {
 
 pub(crate) fn write_csv(path: &Path, samples: &[Sample]) -> Result<()> {
     let mut out = String::from(
-        "t_s,phase,enqueued_per_s,published_per_s,arrived_per_s,p50_ms,p99_ms,max_ms,claims_per_s,claim_mean_ms,claim_p99_ms,heap_mb,index_mb,live_tuples,dead_tuples,vacuums,analyzes,backlog,dispatcher_rss_mb,status_warnings\n",
+        "t_s,phase,enqueued_per_s,published_per_s,arrived_per_s,p50_ms,p99_ms,max_ms,claims_per_s,claim_mean_ms,claim_p99_ms,heap_mb,index_mb,live_tuples,dead_tuples,vacuums,analyzes,backlog,dispatcher_rss_mb,status_warnings,publish_p99_ms,publish_max_ms,rss_by_replica_mb\n",
     );
     for s in samples {
         let _ = writeln!(
             out,
-            "{:.1},{},{:.1},{:.1},{:.1},{:.2},{:.2},{:.2},{:.1},{:.3},{:.2},{:.2},{:.2},{},{},{},{},{:.0},{:.1},{}",
+            "{:.1},{},{:.1},{:.1},{:.1},{:.2},{:.2},{:.2},{:.1},{:.3},{:.2},{:.2},{:.2},{},{},{},{},{:.0},{:.1},{},{:.1},{:.1},{}",
             s.t,
             s.phase,
             s.enqueued,
@@ -281,8 +325,11 @@ pub(crate) fn write_csv(path: &Path, samples: &[Sample]) -> Result<()> {
             s.vacuums,
             s.analyzes,
             s.backlog,
-            s.rss_mb,
-            s.warnings.join(" ")
+            s.rss_mb.iter().sum::<f64>(),
+            s.warnings.join(" "),
+            s.publish_p99_ms,
+            s.publish_max_ms,
+            s.rss_text()
         );
     }
     std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
@@ -329,7 +376,13 @@ pub(crate) fn read_csv(path: &Path) -> Result<Vec<Sample>> {
             vacuums: int(15),
             analyzes: int(16),
             backlog: num(17),
-            rss_mb: num(18),
+            publish_p99_ms: f.get(20).map_or(f64::NAN, |_| num(20)),
+            publish_max_ms: f.get(21).map_or(f64::NAN, |_| num(21)),
+            // Older runs kept only the sum.
+            rss_mb: match f.get(22) {
+                Some(each) => each.split(' ').filter_map(|v| v.parse().ok()).collect(),
+                None => vec![num(18)],
+            },
             warnings: Vec::new(),
         });
     }
