@@ -80,6 +80,9 @@ def main():
         options.add_argument(flag)
     browser = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
     browser.set_page_load_timeout(30)
+    # A click on a form's button returns before the next page has loaded: each lookup waits
+    # (up to 10 s) for its element to appear rather than reading the page being left.
+    browser.implicitly_wait(10)
     shots = 0
 
     def shot(name):
@@ -136,6 +139,13 @@ def main():
 
         browser.get(url + "/")
         shot("overview-after")
+    except Exception:
+        # What the browser had in front of it when a step failed.
+        browser.save_screenshot(f"{out}/failed.png")
+        with open(f"{out}/failed.html", "w") as page:
+            page.write(browser.page_source)
+        print(f"console-check: the page at failure ({browser.current_url}): {out}/failed.png, failed.html", file=sys.stderr)
+        raise
     finally:
         browser.quit()
     print(f"console-check: PASS ({shots} screenshots in {out})")
