@@ -141,6 +141,17 @@ impl DispatcherProcess {
         (field("VmRSS:"), field("VmHWM:"))
     }
 
+    /// Of its resident memory, the anonymous pages (heap, stacks, what the allocator keeps), in
+    /// MiB; the rest is file-backed (the binary's and libraries' pages). NaN when unreadable.
+    pub fn anonymous_mb(&self) -> f64 {
+        std::fs::read_to_string(format!("/proc/{}/smaps_rollup", self.process.pid))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("Anonymous:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map_or(f64::NAN, |kb| kb / 1024.0)
+    }
+
     /// CPU seconds it used so far (user + system, all threads).
     pub fn cpu_seconds(&self) -> f64 {
         cpu_seconds(self.process.pid)

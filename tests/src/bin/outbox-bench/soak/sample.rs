@@ -42,6 +42,8 @@ pub(crate) struct Sample {
     pub(crate) backlog: f64,
     /// Each dispatcher's resident memory, MiB.
     pub(crate) rss_mb: Vec<f64>,
+    /// Of it, each one's anonymous pages (the rest is file-backed), MiB.
+    pub(crate) anon_mb: Vec<f64>,
     pub(crate) warnings: Vec<&'static str>,
 }
 
@@ -193,6 +195,10 @@ pub(crate) async fn sample(
         analyzes,
         backlog: now.backlog,
         rss_mb: dispatchers.iter().map(|d| d.memory_mb().0).collect(),
+        anon_mb: dispatchers
+            .iter()
+            .map(DispatcherProcess::anonymous_mb)
+            .collect(),
         warnings,
     };
     *before = now;
@@ -202,12 +208,21 @@ pub(crate) async fn sample(
 impl Sample {
     /// Each replica's RSS, space-separated.
     fn rss_text(&self) -> String {
-        self.rss_mb
-            .iter()
-            .map(|v| format!("{v:.1}"))
-            .collect::<Vec<_>>()
-            .join(" ")
+        mib_list(&self.rss_mb)
     }
+
+    /// Each replica's anonymous pages, space-separated.
+    fn anon_text(&self) -> String {
+        mib_list(&self.anon_mb)
+    }
+}
+
+fn mib_list(values: &[f64]) -> String {
+    values
+        .iter()
+        .map(|v| format!("{v:.1}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {
@@ -269,7 +284,7 @@ async fn status_warnings(bin: &Path, database_url: &str) -> Result<Vec<&'static 
 
 pub(crate) fn print_sample(s: &Sample) {
     println!(
-        "  [{:>6.0}s {:<8}] enq {:>6.0}/s pub {:>6.0}/s arr {:>6.0}/s | commit->publish p50 {:>7.1} p99 {:>8.1} max {:>8.1} ms | claims {:>5.0}/s mean {:>6.2} p99 {:>7.1} ms | publish p99 {:>6.0} max {:>6.0} ms | heap {:>6.1} MB idx {:>5.1} MB live {:>7} dead {:>7} vac {} an {} | backlog {:>6.0} | RSS {} MiB | {}",
+        "  [{:>6.0}s {:<8}] enq {:>6.0}/s pub {:>6.0}/s arr {:>6.0}/s | commit->publish p50 {:>7.1} p99 {:>8.1} max {:>8.1} ms | claims {:>5.0}/s mean {:>6.2} p99 {:>7.1} ms | publish p99 {:>6.0} max {:>6.0} ms | heap {:>6.1} MB idx {:>5.1} MB live {:>7} dead {:>7} vac {} an {} | backlog {:>6.0} | RSS {} MiB (anonymous {}) | {}",
         s.t,
         s.phase,
         s.enqueued,
@@ -291,6 +306,7 @@ pub(crate) fn print_sample(s: &Sample) {
         s.analyzes,
         s.backlog,
         s.rss_text(),
+        s.anon_text(),
         if s.warnings.is_empty() {
             "-".to_owned()
         } else {
@@ -301,12 +317,12 @@ pub(crate) fn print_sample(s: &Sample) {
 
 pub(crate) fn write_csv(path: &Path, samples: &[Sample]) -> Result<()> {
     let mut out = String::from(
-        "t_s,phase,enqueued_per_s,published_per_s,arrived_per_s,p50_ms,p99_ms,max_ms,claims_per_s,claim_mean_ms,claim_p99_ms,heap_mb,index_mb,live_tuples,dead_tuples,vacuums,analyzes,backlog,dispatcher_rss_mb,status_warnings,publish_p99_ms,publish_max_ms,rss_by_replica_mb\n",
+        "t_s,phase,enqueued_per_s,published_per_s,arrived_per_s,p50_ms,p99_ms,max_ms,claims_per_s,claim_mean_ms,claim_p99_ms,heap_mb,index_mb,live_tuples,dead_tuples,vacuums,analyzes,backlog,dispatcher_rss_mb,status_warnings,publish_p99_ms,publish_max_ms,rss_by_replica_mb,anonymous_by_replica_mb\n",
     );
     for s in samples {
         let _ = writeln!(
             out,
-            "{:.1},{},{:.1},{:.1},{:.1},{:.2},{:.2},{:.2},{:.1},{:.3},{:.2},{:.2},{:.2},{},{},{},{},{:.0},{:.1},{},{:.1},{:.1},{}",
+            "{:.1},{},{:.1},{:.1},{:.1},{:.2},{:.2},{:.2},{:.1},{:.3},{:.2},{:.2},{:.2},{},{},{},{},{:.0},{:.1},{},{:.1},{:.1},{},{}",
             s.t,
             s.phase,
             s.enqueued,
@@ -329,7 +345,8 @@ pub(crate) fn write_csv(path: &Path, samples: &[Sample]) -> Result<()> {
             s.warnings.join(" "),
             s.publish_p99_ms,
             s.publish_max_ms,
-            s.rss_text()
+            s.rss_text(),
+            s.anon_text()
         );
     }
     std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
@@ -383,6 +400,10 @@ pub(crate) fn read_csv(path: &Path) -> Result<Vec<Sample>> {
                 Some(each) => each.split(' ').filter_map(|v| v.parse().ok()).collect(),
                 None => vec![num(18)],
             },
+            anon_mb: f
+                .get(23)
+                .map(|each| each.split(' ').filter_map(|v| v.parse().ok()).collect())
+                .unwrap_or_default(),
             warnings: Vec::new(),
         });
     }
