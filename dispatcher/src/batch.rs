@@ -12,6 +12,7 @@
 //! through publishers of their own, the unkeyed ones split up until each refused message is alone
 //! (keys in order, each message alone, a key stopping at its first failure), and only the ones
 //! refused on their own are dead-lettered. Transient failures and outages are never isolated.
+//! A topic in a poison storm sends its unkeyed rows in parts from the start (`crate::storm`).
 //!
 //! **Stalls.** A publish that has had no answer for `--stall-probe-after` triggers a probe with a
 //! short deadline; if the broker does not answer the probe either, the batch is an outage at once
@@ -92,6 +93,7 @@ pub(crate) async fn run_batch<P: Publish>(
     let started = Instant::now();
     let stall = publish(d, &claimed, &mut attempts).await;
     isolate(d, &claimed, &mut attempts, policy).await;
+    d.storms.learn(&claimed, &attempts);
 
     let outage = match stall {
         Some(probe_error) => Some(probe_error),
@@ -118,7 +120,7 @@ pub(crate) async fn run_batch<P: Publish>(
         })?;
     give_back.settled(&claimed, &decision.settlement.released);
     record(d, &claimed, &decision, now);
-    steps.log_if_slow(d.settings.slow_batch, &claimed, now);
+    steps.log_if_slow(d, &claimed, now);
     match outage {
         Some(error) => {
             d.metrics.outage_batches.inc();
@@ -316,7 +318,7 @@ async fn watch_for_stall<P: Publish>(
     d: &Dispatch<P>,
     batch: &[ClaimedMessage],
 ) -> Result<BatchResult, String> {
-    let publishing = d.publisher.publish(batch);
+    let publishing = crate::storm::publish(d.publisher.as_ref(), &d.storms, batch);
     tokio::pin!(publishing);
     tokio::select! {
         results = &mut publishing => return Ok(results),
@@ -338,10 +340,10 @@ async fn watch_for_stall<P: Publish>(
 
 /// Finds which messages Pub/Sub itself refuses among those that got a permanent error (a refused
 /// request fails every message in it): the unkeyed suspects in up to 16 parts, each in requests
-/// of its own, a refused part split again the same way until a refused message is alone: a
-/// poison storm of k messages among n suspects costs about 16·k·log16(n/k) requests and log16(n)
-/// round trips, sending each suspect about once more, instead of n requests. On a key, in order from its first
-/// permanent failure, each message alone, stopping at the next failure unless the topic skips
+/// of its own, a refused part split again in 4 until a refused message is alone: k poisoned
+/// messages among n suspects cost about 16 + 4·k·log4(n/16k) requests and 1 + log4(n/16)
+/// round trips (5 among 500: about 64 requests in 4 rounds), instead of n requests. On a key, in
+/// order from its first permanent failure, each message alone, stopping at the next failure unless the topic skips
 /// dead letters. Everything of one round goes at once: the parts, and every key (a key's own
 /// messages one after the other).
 async fn isolate<P: Publish>(
@@ -379,12 +381,16 @@ async fn isolate<P: Publish>(
     }
 }
 
-/// How many parts a refused group of suspects is split into for the next round.
-const ISOLATION_FAN_OUT: usize = 16;
+/// How many parts the suspects are split into first (they were refused together already).
+const FIRST_FAN_OUT: usize = 16;
+/// How many parts a refused part is split into for the next round: a part holds few refused
+/// messages by then, and 4 parts per round find each in fewer requests than 16 (about 64
+/// instead of 96 for 5 among 500), for one more round trip.
+const NEXT_FAN_OUT: usize = 4;
 
-/// `group` in at most [`ISOLATION_FAN_OUT`] parts of about equal size, in order.
-fn split(group: &[usize]) -> Vec<Vec<usize>> {
-    let size = group.len().div_ceil(ISOLATION_FAN_OUT).max(1);
+/// `group` in at most `parts` parts of about equal size, in order.
+pub(crate) fn split(group: &[usize], parts: usize) -> Vec<Vec<usize>> {
+    let size = group.len().div_ceil(parts.max(1)).max(1);
     group.chunks(size).map(<[usize]>::to_vec).collect()
 }
 
@@ -397,7 +403,7 @@ async fn split_out<P: Publish>(
     let mut verdicts = Vec::new();
     // They were refused together already: the first round sends them in parts
     // (docs/benchmarks/2026-12-02-publish-path.md compares halving, √n parts and this).
-    let mut groups = split(&suspects);
+    let mut groups = split(&suspects, FIRST_FAN_OUT);
     while !groups.is_empty() {
         d.metrics.isolation_publishes.inc_by(groups.len() as u64);
         let sent = futures::future::join_all(groups.iter().map(|group| async move {
@@ -417,7 +423,7 @@ async fn split_out<P: Publish>(
                     result => verdicts.push((i, into_attempt(result))),
                 }
             }
-            next.extend(split(&refused));
+            next.extend(split(&refused, NEXT_FAN_OUT));
         }
         groups = next;
     }
@@ -537,8 +543,10 @@ impl Steps {
     }
 
     /// The batch committed: a warning with each step's time when it was slow, or its oldest row
-    /// had waited `threshold` to be claimed.
-    fn log_if_slow(&self, threshold: Duration, claimed: &[ClaimedMessage], now: DateTime<Utc>) {
+    /// had waited `--slow-batch` to be claimed; at most one a second per process (`held_back`
+    /// counts the slow batches not logged since the last line).
+    fn log_if_slow<P>(&self, d: &Dispatch<P>, claimed: &[ClaimedMessage], now: DateTime<Utc>) {
+        let threshold = d.settings.slow_batch;
         let total = self.started.elapsed();
         let waited = claimed
             .iter()
@@ -549,6 +557,9 @@ impl Steps {
         if threshold.is_zero() || (total < threshold && waited < threshold) {
             return;
         }
+        let Some(held_back) = d.slow_log.pass() else {
+            return;
+        };
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         tracing::warn!(
             batch.size = claimed.len(),
@@ -557,6 +568,7 @@ impl Steps {
             publish_ms = ms(self.published - self.claimed),
             settle_ms = ms(self.published.elapsed()),
             total_ms = ms(total),
+            held_back,
             "Slow batch: wait_ms is how long its oldest row waited to be claimed, the other fields \
              what each step took (publish_ms includes the byte budget's wait, isolation and \
              probes; settle_ms the commit); the runbook in docs/operating.md, \"A message was late\", \

@@ -215,7 +215,8 @@ pub struct DispatchArgs {
     pub skip_dead_letters: SkipDeadLetters,
     /// Log a batch (a warning with the time of each step: the oldest row's wait to be claimed,
     /// claim, publish, settle and commit) when it takes longer than this from claim to commit,
-    /// or its oldest row waited this long to be claimed. 0 turns it off.
+    /// or its oldest row waited this long to be claimed; at most one line a second per process
+    /// (`held_back` counts the slow batches not logged since the last). 0 turns it off.
     #[arg(long, env = "OUTBOX_SLOW_BATCH", default_value = "1s", value_parser = humantime::parse_duration)]
     pub slow_batch: Duration,
     /// Fault injection (testing a deployment's alerts and recovery): fail this fraction (0..=1)

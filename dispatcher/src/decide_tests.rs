@@ -26,7 +26,7 @@ fn msg(id: i64, topic: &str, key: Option<&str>, attempts: i32) -> ClaimedMessage
         topic: topic.to_owned(),
         ordering_key: key.map(str::to_owned),
         dedupe_key: format!("d{id}"),
-        payload: Vec::new(),
+        payload: bytes::Bytes::new(),
         attributes: Default::default(),
         attempts,
         created_at: now(),

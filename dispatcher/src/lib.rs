@@ -8,7 +8,8 @@
 //! - `batch`: one unit of work (claim, check, publish, isolate, decide, settle in one
 //!   transaction); `decide`: its decisions as pure functions; `worker`: the state the workers
 //!   share and the worker loop; `liveness`: the worker heartbeats behind `/healthz`; `floors`:
-//!   where the claims start (what this replica knows is published).
+//!   where the claims start (what this replica knows is published); `storm`: a topic whose
+//!   messages Pub/Sub keeps refusing sends its unkeyed rows in parts.
 //! - [`publisher`]: the [`publisher::Publish`] seam and the official Pub/Sub client behind it.
 //! - [`classify`]: publish failures as transient / permanent / not attempted.
 //! - [`breaker`]: pauses claiming while Pub/Sub is unreachable.
@@ -35,6 +36,7 @@ pub mod metrics;
 pub mod ops;
 pub mod publisher;
 pub mod service;
+mod storm;
 mod tasks;
 mod worker;
 

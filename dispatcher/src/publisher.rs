@@ -288,15 +288,19 @@ impl PubsubPublisher {
         }
     }
 
+    /// The client's message for `m`: the payload shared (not copied), the attributes collected
+    /// once (the client's own map is built straight from the row's and the dedupe key).
     fn to_message(&self, m: &ClaimedMessage) -> Message {
-        let mut attributes: HashMap<String, String> = m
+        let attributes = m
             .attributes
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        attributes.insert(self.dedupe_attribute.clone(), m.dedupe_key.clone());
+            .chain(std::iter::once((
+                self.dedupe_attribute.clone(),
+                m.dedupe_key.clone(),
+            )));
         let msg = Message::new()
-            .set_data(bytes::Bytes::copy_from_slice(&m.payload))
+            .set_data(m.payload.clone())
             .set_attributes(attributes);
         match &m.ordering_key {
             Some(key) => msg.set_ordering_key(key.clone()),

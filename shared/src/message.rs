@@ -62,8 +62,8 @@ pub struct ClaimedMessage {
     pub ordering_key: Option<String>,
     /// Dedupe key.
     pub dedupe_key: String,
-    /// The message data.
-    pub payload: Vec<u8>,
+    /// The message data (shared, not copied, when the message is cloned or published).
+    pub payload: bytes::Bytes,
     /// Pub/Sub attributes stored with the row.
     pub attributes: Attributes,
     /// Failed attempts so far.

@@ -27,7 +27,7 @@ impl From<MessageRow> for ClaimedMessage {
             topic: r.topic,
             ordering_key: r.ordering_key,
             dedupe_key: r.dedupe_key,
-            payload: r.payload,
+            payload: r.payload.into(),
             attributes: r.attributes.0,
             attempts: r.attempts,
             created_at: r.created_at,

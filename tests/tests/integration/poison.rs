@@ -7,6 +7,7 @@ use std::time::Duration;
 use harness::db::TestDb;
 use harness::dispatcher::{self as test_dispatcher, drain, real_publisher};
 use harness::fixtures::{dead_letters, enqueue, outbox_dedupe_keys};
+use harness::proxy::TcpProxy;
 use harness::pubsub::{Received, TestTopic};
 use outbox_shared::NewMessage;
 use outbox_shared::store::dead_letter;
@@ -168,5 +169,82 @@ async fn a_message_the_schema_refuses_is_isolated_and_only_it_is_dead_lettered()
     assert!(
         isolations >= 1.0,
         "the isolation metric counts it:\n{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn in_a_poison_storm_a_topics_unkeyed_rows_go_in_parts_and_only_the_refused_are_dead_lettered()
+ {
+    let db = TestDb::new().await;
+    let topic = TestTopic::with_schema(false).await;
+    let proxy = TcpProxy::start(&harness::env::pubsub_emulator_host()).await;
+    let valid = |n: usize| format!(r#"{{"amount": {n}}}"#).into_bytes();
+    let invalid = || br#"{"amount": "not a number"}"#.to_vec();
+    // Four batches of 64 rows: poison in the first (row 10) and the second (rows 5 and 40, in
+    // different sixteenths), none in the third and fourth.
+    let bad = |batch: usize, row: usize| matches!((batch, row), (0, 10) | (1, 5) | (1, 40));
+    let rows: Vec<NewMessage> = (0..4)
+        .flat_map(|b| (0..64).map(move |r| (b, r)))
+        .map(|(b, r)| {
+            let name = format!("b{b}-r{r:02}");
+            let payload = if bad(b, r) { invalid() } else { valid(r) };
+            NewMessage::new(&topic.topic, name, payload)
+        })
+        .collect();
+    enqueue(&db.pool, &rows).await;
+    let mut config = test_dispatcher::config_for(&proxy.addr());
+    config.workers = 1;
+    config.batch.batch_size = 64;
+    let publisher = test_dispatcher::publisher_at(&proxy.addr()).await;
+    let d = test_dispatcher::build(&db.pool, publisher, config).await;
+    let mut requests = Vec::new();
+    for _ in 0..4 {
+        let before = proxy.requests_sent();
+        d.run_batch(chrono::Utc::now()).await.expect("a batch");
+        requests.push(proxy.requests_sent() - before);
+    }
+    assert_eq!(
+        requests,
+        vec![
+            // The whole batch refused in one request, then 16 parts of 4, then the refused
+            // part's 4 messages alone.
+            1 + 16 + 4,
+            // In the storm: straight in 16 parts (no doomed first request), each refused part's
+            // 4 messages alone.
+            16 + 4 + 4,
+            // Still in the storm: 16 parts, all published, which ends it.
+            16,
+            // Over: one request again.
+            1,
+        ],
+        "publish requests per batch"
+    );
+    let mut dead: Vec<String> =
+        dead_letter::list(&mut db.pool.acquire().await.expect("conn"), None, 100)
+            .await
+            .expect("dead letters")
+            .into_iter()
+            .map(|d| d.dedupe_key)
+            .collect();
+    dead.sort();
+    assert_eq!(
+        dead,
+        vec!["b0-r10", "b1-r05", "b1-r40"],
+        "exactly the refused rows are dead-lettered"
+    );
+    let mut expected: Vec<String> = rows
+        .iter()
+        .map(|m| m.dedupe_key.clone())
+        .filter(|k| !dead.contains(k))
+        .collect();
+    expected.sort();
+    assert_eq!(
+        sorted_keys(&topic.pull(expected.len(), Duration::from_secs(5)).await),
+        expected,
+        "every good row arrived"
+    );
+    assert!(
+        outbox_dedupe_keys(&db.pool).await.is_empty(),
+        "nothing left"
     );
 }
