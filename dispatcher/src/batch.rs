@@ -318,7 +318,7 @@ async fn watch_for_stall<P: Publish>(
     d: &Dispatch<P>,
     batch: &[ClaimedMessage],
 ) -> Result<BatchResult, String> {
-    let publishing = crate::storm::publish(d.publisher.as_ref(), &d.storms, batch);
+    let publishing = crate::storm::publish(d, batch);
     tokio::pin!(publishing);
     tokio::select! {
         results = &mut publishing => return Ok(results),

@@ -288,10 +288,18 @@ mod tests {
     fn the_log_gate_lets_one_line_through_per_interval_and_counts_the_rest() {
         let gate = LogGate::new(Duration::from_millis(200));
         assert_eq!(gate.pass(), Some(0), "the first line goes");
-        assert_eq!(gate.pass(), None, "the next one within the interval is held back");
+        assert_eq!(
+            gate.pass(),
+            None,
+            "the next one within the interval is held back"
+        );
         assert_eq!(gate.pass(), None);
         std::thread::sleep(Duration::from_millis(250));
-        assert_eq!(gate.pass(), Some(2), "after the interval: one line, counting the two held");
+        assert_eq!(
+            gate.pass(),
+            Some(2),
+            "after the interval: one line, counting the two held"
+        );
         assert_eq!(gate.pass(), None);
     }
 }

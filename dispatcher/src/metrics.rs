@@ -135,7 +135,7 @@ impl Metrics {
         );
         r.register(
             "isolation_publishes",
-            "Requests sent apart to tell a bad message from the request it shared (halved groups, keyed messages alone)",
+            "Requests sent apart to tell a bad message from the request it shared (parts of the unkeyed suspects, and of a storming topic's rows; keyed messages alone)",
             m.isolation_publishes.clone(),
         );
         r.register(

@@ -107,6 +107,38 @@ impl ProbeClock {
     }
 }
 
+/// The most ordering keys of one publish whose requests are in flight at once. Pub/Sub takes one
+/// key per request, and every request in flight holds the client's buffers for it (its key's
+/// actor and channel, tonic's encode and decode buffers, an HTTP/2 stream: some tens of KiB), so
+/// 4 workers with batches of 500 one-row keys held about 2,000 of them (110 MiB resident). A
+/// batch with more keys sends them in waves of this many, one wave after the other: 4 workers
+/// keep up to 256 one-key requests in flight, about what one core can feed at a 30 ms round
+/// trip (~120 µs of CPU per one-key request; BENCHMARKS.md).
+const KEYS_PER_WAVE: usize = 64;
+
+/// `batch`'s indices in waves, each in the batch's order: the first holds every unkeyed message
+/// and the first [`KEYS_PER_WAVE`] keys, each next one the next keys; a key is whole in its wave.
+fn waves(batch: &[ClaimedMessage], keys_per_wave: usize) -> Vec<Vec<usize>> {
+    let mut wave_of: HashMap<(&str, &str), usize> = HashMap::new();
+    let mut waves: Vec<Vec<usize>> = vec![Vec::new()];
+    for (i, m) in batch.iter().enumerate() {
+        let wave = match m.ordering_key.as_deref() {
+            None => 0,
+            Some(key) => {
+                let seen = wave_of.len();
+                *wave_of
+                    .entry((m.topic.as_str(), key))
+                    .or_insert(seen / keys_per_wave.max(1))
+            }
+        };
+        if waves.len() <= wave {
+            waves.resize_with(wave + 1, Vec::new);
+        }
+        waves[wave].push(i);
+    }
+    waves
+}
+
 /// Lanes of unkeyed publishers (one per topic in each), one lane per concurrent caller (worker):
 /// the client's `flush()` waits for every in-flight batch of *its* publisher before it reads its
 /// queue again, so workers sharing one publisher would get one request in flight per process.
@@ -315,8 +347,26 @@ fn anonymous() -> google_cloud_auth::credentials::Credentials {
 
 impl Publish for PubsubPublisher {
     async fn publish(&self, batch: &[ClaimedMessage]) -> BatchResult {
-        let (_lane, routes) = self.route(batch);
-        self.send(batch, &routes).await
+        let waves = waves(batch, KEYS_PER_WAVE);
+        if let [_] = waves.as_slice() {
+            let (_lane, routes) = self.route(batch);
+            return self.send(batch, &routes).await;
+        }
+        let mut results: Vec<Option<Result<String, PublishFailure>>> = vec![None; batch.len()];
+        for wave in waves {
+            let part: Vec<ClaimedMessage> = wave.iter().map(|i| batch[*i].clone()).collect();
+            let (_lane, routes) = self.route(&part);
+            let sent = self.send(&part, &routes).await;
+            for (i, result) in wave.into_iter().zip(sent) {
+                results[i] = Some(result);
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| Err(PublishFailure::transient("no result for the message")))
+            })
+            .collect()
     }
 
     async fn publish_apart(&self, batch: &[ClaimedMessage]) -> BatchResult {
@@ -391,6 +441,43 @@ impl Publish for PubsubPublisher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn msg(id: i64, key: Option<&str>) -> ClaimedMessage {
+        ClaimedMessage {
+            id,
+            topic: "projects/p/topics/t".to_owned(),
+            ordering_key: key.map(str::to_owned),
+            dedupe_key: format!("d{id}"),
+            payload: bytes::Bytes::new(),
+            attributes: Default::default(),
+            attempts: 0,
+            created_at: chrono::Utc::now(),
+        }
+    }
+
+    #[test]
+    fn a_batch_over_many_keys_goes_in_waves_of_whole_keys_with_the_unkeyed_first() {
+        let batch = vec![
+            msg(1, Some("a")),
+            msg(2, None),
+            msg(3, Some("b")),
+            msg(4, Some("a")),
+            msg(5, Some("c")),
+            msg(6, None),
+            msg(7, Some("b")),
+        ];
+        assert_eq!(
+            waves(&batch, 2),
+            vec![vec![0, 1, 2, 3, 5, 6], vec![4]],
+            "keys a and b (whole) with the unkeyed, then c"
+        );
+        assert_eq!(
+            waves(&batch, 3),
+            vec![(0..7).collect::<Vec<_>>()],
+            "one wave"
+        );
+        assert_eq!(waves(&[], 3), vec![Vec::<usize>::new()]);
+    }
 
     #[test]
     fn the_probe_deadline_follows_slow_round_trips_up_to_the_publish_timeout() {

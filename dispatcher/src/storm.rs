@@ -16,6 +16,7 @@ use outbox_shared::ClaimedMessage;
 
 use crate::classify::FailureKind;
 use crate::decide::Attempt;
+use crate::dispatch::Dispatch;
 use crate::publisher::{BatchResult, Publish};
 
 /// How many parts a storming topic's unkeyed rows are sent in (as isolation's first round).
@@ -83,15 +84,12 @@ impl Storms {
 }
 
 /// Publishes `batch`, the unkeyed messages of storming topics in [`PARTS`] parts through
-/// [`Publish::publish_apart`] (each part in requests of its own), the rest as one call to
-/// [`Publish::publish`]; all at once. One result per message, in order.
-pub(crate) async fn publish<P: Publish>(
-    publisher: &P,
-    storms: &Storms,
-    batch: &[ClaimedMessage],
-) -> BatchResult {
+/// [`Publish::publish_apart`] (each part in requests of its own, counted as sent apart), the rest
+/// as one call to [`Publish::publish`]; all at once. One result per message, in order.
+pub(crate) async fn publish<P: Publish>(d: &Dispatch<P>, batch: &[ClaimedMessage]) -> BatchResult {
+    let publisher = d.publisher.as_ref();
     let in_parts: Vec<usize> = {
-        let topics = storms.topics();
+        let topics = d.storms.topics();
         if topics.is_empty() {
             Vec::new()
         } else {
@@ -104,6 +102,7 @@ pub(crate) async fn publish<P: Publish>(
         return publisher.publish(batch).await;
     }
     let parts = crate::batch::split(&in_parts, PARTS);
+    d.metrics.isolation_publishes.inc_by(parts.len() as u64);
     let rest: Vec<usize> = {
         let set: HashSet<usize> = in_parts.iter().copied().collect();
         (0..batch.len()).filter(|i| !set.contains(i)).collect()
