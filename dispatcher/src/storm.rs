@@ -6,8 +6,9 @@
 //! of it validated for nothing) before isolating. So a topic whose batch had an unkeyed message
 //! refused on its own is *in a storm*: its unkeyed rows go straight in parts, each in requests of
 //! its own, the good parts are published at the first attempt and only the refused parts are
-//! isolated. A batch of the topic with none of its unkeyed rows refused ends the storm. Keyed
-//! rows are never affected (a key is a request of its own already).
+//! isolated. A batch of the topic with none of its unkeyed rows refused ends the storm (logged
+//! at info when it starts, at debug when it ends). Keyed rows are never affected (a key is a
+//! request of its own already).
 
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -62,7 +63,9 @@ impl Storms {
         let mut topics = self.topics();
         for topic in published.difference(&refused) {
             if topics.remove(*topic) {
-                tracing::info!(
+                // Debug: with rare poison a storm starts and ends every few batches, and each
+                // start already comes with the dead letters' error lines.
+                tracing::debug!(
                     pubsub.topic = %topic,
                     "Poison storm over: a batch of the topic had no message refused; its unkeyed \
                      rows go in one request per batch again."
@@ -71,7 +74,7 @@ impl Storms {
         }
         for topic in refused {
             if topics.insert(topic.to_owned()) {
-                tracing::warn!(
+                tracing::info!(
                     pubsub.topic = %topic,
                     parts = PARTS,
                     "Poison storm: Pub/Sub refused messages of the topic on their own (see the \
