@@ -139,6 +139,24 @@ fn waves(batch: &[ClaimedMessage], keys_per_wave: usize) -> Vec<Vec<usize>> {
     waves
 }
 
+/// The results of a batch sent in parts (each part's indices into the batch, with its results in
+/// the same order) back in the batch's order; a message no part answered for failed transiently.
+pub(crate) fn gather<'a>(
+    len: usize,
+    parts: impl IntoIterator<Item = (&'a [usize], BatchResult)>,
+) -> BatchResult {
+    let mut results: Vec<Option<Result<String, PublishFailure>>> = vec![None; len];
+    for (of, got) in parts {
+        for (i, result) in of.iter().zip(got) {
+            results[*i] = Some(result);
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(PublishFailure::transient("no result for the message"))))
+        .collect()
+}
+
 /// Lanes of unkeyed publishers (one per topic in each), one lane per concurrent caller (worker):
 /// the client's `flush()` waits for every in-flight batch of *its* publisher before it reads its
 /// queue again, so workers sharing one publisher would get one request in flight per process.
@@ -352,21 +370,13 @@ impl Publish for PubsubPublisher {
             let (_lane, routes) = self.route(batch);
             return self.send(batch, &routes).await;
         }
-        let mut results: Vec<Option<Result<String, PublishFailure>>> = vec![None; batch.len()];
-        for wave in waves {
+        let mut sent = Vec::with_capacity(waves.len());
+        for wave in &waves {
             let part: Vec<ClaimedMessage> = wave.iter().map(|i| batch[*i].clone()).collect();
             let (_lane, routes) = self.route(&part);
-            let sent = self.send(&part, &routes).await;
-            for (i, result) in wave.into_iter().zip(sent) {
-                results[i] = Some(result);
-            }
+            sent.push(self.send(&part, &routes).await);
         }
-        results
-            .into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| Err(PublishFailure::transient("no result for the message")))
-            })
-            .collect()
+        gather(batch.len(), waves.iter().map(Vec::as_slice).zip(sent))
     }
 
     async fn publish_apart(&self, batch: &[ClaimedMessage]) -> BatchResult {
@@ -477,6 +487,16 @@ mod tests {
             "one wave"
         );
         assert_eq!(waves(&[], 3), vec![Vec::<usize>::new()]);
+    }
+
+    #[test]
+    fn parts_results_go_back_in_the_batchs_order_and_a_message_without_one_failed_transiently() {
+        let parts: Vec<(&[usize], BatchResult)> =
+            vec![(&[2, 0], vec![Ok("c".into()), Ok("a".into())])];
+        let results = gather(3, parts);
+        assert_eq!(results[0], Ok("a".to_owned()));
+        assert_eq!(results[2], Ok("c".to_owned()));
+        assert!(matches!(&results[1], Err(f) if f.kind == crate::classify::FailureKind::Transient));
     }
 
     #[test]

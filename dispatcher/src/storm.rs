@@ -125,25 +125,10 @@ pub(crate) async fn publish<P: Publish>(d: &Dispatch<P>, batch: &[ClaimedMessage
         async move { publisher.publish_apart(&part_batch).await }
     }));
     let (rest_results, part_results) = futures::join!(rest_sent, parts_sent);
-    let mut results: Vec<Option<Result<String, crate::classify::PublishFailure>>> =
-        vec![None; batch.len()];
     let sent = parts
         .iter()
+        .map(Vec::as_slice)
         .zip(part_results)
-        .chain(std::iter::once((&rest, rest_results)));
-    for (of, got) in sent {
-        for (i, result) in of.iter().zip(got) {
-            results[*i] = Some(result);
-        }
-    }
-    results
-        .into_iter()
-        .map(|r| {
-            r.unwrap_or_else(|| {
-                Err(crate::classify::PublishFailure::transient(
-                    "no result for the message",
-                ))
-            })
-        })
-        .collect()
+        .chain(std::iter::once((rest.as_slice(), rest_results)));
+    crate::publisher::gather(batch.len(), sent)
 }
