@@ -1,7 +1,9 @@
 """The Cloud Monitoring dashboard and the alert rules name only metrics that exist (deploy/check).
 
 - terraform/dashboard.json is JSON with a mosaic layout whose tiles fit its columns without
-  overlapping, each a titled chart or scorecard with at least one query;
+  overlapping, each a titled chart or scorecard with at least one query, and no tile states a
+  position of 0 (the API leaves it out, so an explicit 0 diffs on every plan);
+- every dashboard PromQL selector reads this install only (cluster and namespace matchers);
 - every PromQL query (dashboard and k8s/alerts.yaml) parses, and each `outbox_…` series it reads
   is one the dispatcher exports: a name registered in dispatcher/src/metrics.rs, with the suffix
   its type gets (counter `_total`; histogram `_bucket`, `_sum`, `_count`; gauge none), or a
@@ -78,6 +80,9 @@ def layout(dashboard) -> list[str]:
         queries(widget, found)
         if not found["promql"] and not found["filters"]:
             problems.append(f"{title}: no query")
+        for k in ("xPos", "yPos"):
+            if k in tile and tile[k] == 0:
+                problems.append(f"{title}: {k} 0 is written out (the API omits it: a diff on every plan)")
         x, y, w, h = (tile.get(k, 0) for k in ("xPos", "yPos", "width", "height"))
         if x + w > cols or w <= 0 or h <= 0:
             problems.append(f"{title}: does not fit {cols} columns")
@@ -110,9 +115,15 @@ def main() -> None:
     used = set()
     for where, q in promql:
         try:
-            promql_parser.parse(q.replace("${namespace}", "x"))
+            promql_parser.parse(re.sub(r"\$\{\w+\}", "x", q))
         except Exception as e:  # the parser raises its own types
             problems.append(f"{where}: {q!r} does not parse: {e}")
+        if where == "dashboard":
+            # Cloud Monitoring sees every cluster of the project: each selector names this one.
+            for selector in re.findall(r"\boutbox_\w+(\{(?:[^{}]|\$\{\w+\})*\})?", q):
+                if 'cluster="${cluster}"' not in selector or 'namespace="${namespace}"' not in selector:
+                    problems.append(f"dashboard: {q!r} reads a series without the cluster and namespace matchers")
+                    break
         for series in SERIES.findall(q):
             used.add(series)
             if series not in names:

@@ -23,11 +23,14 @@ FILE_SUFFIXES = (".rs", ".sql", ".md", ".toml", ".tf", ".py", ".yaml", ".yml")
 
 
 def tracked(repo: Path) -> list[str]:
+    """The repository's files as the working tree has them: tracked or new (not ignored), not
+    deleted, so a check run before a commit judges the documents against the files they describe."""
+    def git(*args: str) -> set[str]:
+        out = subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+        return {line for line in out.splitlines() if line}
+
     try:
-        out = subprocess.run(
-            ["git", "-C", str(repo), "ls-files"], check=True, capture_output=True, text=True
-        ).stdout
-        return [line for line in out.splitlines() if line]
+        return sorted((git("ls-files") | git("ls-files", "--others", "--exclude-standard")) - git("ls-files", "--deleted"))
     except (OSError, subprocess.CalledProcessError):
         return [str(p.relative_to(repo)) for p in repo.rglob("*") if p.is_file() and ".git" not in p.parts]
 

@@ -37,7 +37,9 @@ resource "google_compute_global_address" "console" {
 }
 
 # Who may pass IAP: on the console's backend service once its name is known
-# (console_backend_service), else on the project's IAP-protected web backends.
+# (console_backend_service), else on the project's IAP-protected web backends. Both wait for the
+# IAP API (services.tf enables iap.googleapis.com with console_enabled): on a first apply the
+# grant would otherwise race the API's enabling and fail.
 resource "google_iap_web_backend_service_iam_member" "console_users" {
   for_each = var.console_enabled && var.console_backend_service != "" ? toset(var.console_users) : toset([])
 
@@ -45,12 +47,14 @@ resource "google_iap_web_backend_service_iam_member" "console_users" {
   web_backend_service = var.console_backend_service
   role                = "roles/iap.httpsResourceAccessor"
   member              = each.value
+  depends_on          = [google_project_service.enabled]
 }
 
 resource "google_iap_web_iam_member" "console_users" {
   for_each = var.console_enabled && var.console_backend_service == "" ? toset(var.console_users) : toset([])
 
-  project = var.project_id
-  role    = "roles/iap.httpsResourceAccessor"
-  member  = each.value
+  project    = var.project_id
+  role       = "roles/iap.httpsResourceAccessor"
+  member     = each.value
+  depends_on = [google_project_service.enabled]
 }

@@ -1,6 +1,90 @@
-# Cloud Monitoring alerts for the producer, which exports no Prometheus metrics (a batch job cannot
-# be scraped), and for the Cloud SQL instance under the outbox (a queue table's main failure
-# modes). The dispatcher's alerts are Prometheus rules (deploy/k8s/alerts.yaml).
+# Cloud Monitoring alerts: the dispatcher's (its Prometheus rules, deploy/k8s/alerts.yaml, as
+# PromQL policies), the producer's, which exports no Prometheus metrics (a batch job cannot be
+# scraped), and the Cloud SQL instance's under the outbox (a queue table's main failure modes).
+
+# ---- the dispatcher ------------------------------------------------------------------------------
+
+# The rules of deploy/k8s/alerts.yaml, read here rather than copied, so the cluster's Rules and
+# these policies cannot drift; scoped to this install's project, cluster and namespace.
+module "dispatcher_alerts" {
+  source = "./dispatcher_alerts"
+
+  rules_file = "${path.module}/../k8s/alerts.yaml"
+  project_id = local.gke_project_id
+  cluster    = var.gke_cluster_name
+  namespace  = var.gke_namespace
+}
+
+# The alerts labelled `severity: page`, each a policy that notifies alert_notification_channels:
+# GMP's Rules send only to an Alertmanager, which nothing here configures, so this is the route
+# that pages someone. deploy/check fails when a paging alert has no such policy.
+resource "google_monitoring_alert_policy" "dispatcher_page" {
+  for_each = module.dispatcher_alerts.page
+
+  display_name = "pubsub-outbox ${each.key} (${var.gke_cluster_name}/${var.gke_namespace})"
+  combiner     = "OR"
+  severity     = "CRITICAL"
+
+  conditions {
+    display_name = each.key
+    condition_prometheus_query_language {
+      query               = each.value.query
+      duration            = each.value.duration
+      evaluation_interval = each.value.evaluation_interval
+      labels              = each.value.labels
+      # The dispatcher's series exist only once it has run, and Terraform runs first (section 4 of
+      # deploy/README.md): without this the API refuses a query naming a metric it has not seen.
+      disable_metric_validation = true
+    }
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    content   = each.value.documentation
+  }
+
+  notification_channels = var.alert_notification_channels
+  depends_on            = [google_project_service.enabled]
+
+  lifecycle {
+    # A page nobody receives is a silent outage: name a channel, or say so.
+    precondition {
+      condition     = length(var.alert_notification_channels) > 0 || var.allow_alerts_without_notification
+      error_message = "alert_notification_channels is empty: the dispatcher's paging alerts would reach nobody. Give at least one notification channel id (projects/P/notificationChannels/N), or set allow_alerts_without_notification = true."
+    }
+  }
+}
+
+# The alerts labelled `severity: warning`: an incident on the console, and a notification to
+# alert_warning_notification_channels when it names any (a ticket queue, an email list).
+resource "google_monitoring_alert_policy" "dispatcher_warning" {
+  for_each = module.dispatcher_alerts.warning
+
+  display_name = "pubsub-outbox ${each.key} (${var.gke_cluster_name}/${var.gke_namespace})"
+  combiner     = "OR"
+  severity     = "WARNING"
+
+  conditions {
+    display_name = each.key
+    condition_prometheus_query_language {
+      query                     = each.value.query
+      duration                  = each.value.duration
+      evaluation_interval       = each.value.evaluation_interval
+      labels                    = each.value.labels
+      disable_metric_validation = true
+    }
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    content   = each.value.documentation
+  }
+
+  notification_channels = var.alert_warning_notification_channels
+  depends_on            = [google_project_service.enabled]
+}
+
+# ---- the producer and the database ---------------------------------------------------------------
 
 # Any failed execution: a task exhausted its retries (exit 1: a stream failed, the next tick
 # resumes from its watermark) or the configuration is invalid (exit 2: every tick fails until it
@@ -193,13 +277,16 @@ resource "google_logging_metric" "producer_watermark_lag" {
   depends_on = [google_project_service.enabled]
 }
 
-# One dashboard over the dispatcher's managed-Prometheus metrics (PromQL, this namespace) and the
-# producer job's (Cloud Run's executions, the logs-based lag above): backlog and oldest claimable
-# age per topic, publish rate and latency, dead letters, blocked keys, the breaker, replicas,
-# paused topics, producer executions and lag. deploy/check parses dashboard.json and checks that
-# every metric it names is one the dispatcher exports.
+# One dashboard over the dispatcher's managed-Prometheus metrics (PromQL, this install's cluster
+# and namespace) and the producer job's (Cloud Run's executions, the logs-based lag above): backlog
+# and oldest claimable age per topic, publish rate and latency, dead letters, blocked keys, the
+# breaker, replicas, paused topics, producer executions and lag. deploy/check parses
+# dashboard.json and checks that every metric it names is one the dispatcher exports. Tiles at
+# x or y 0 leave the position out, as the API returns them (an explicit 0 would show as a change
+# on every plan).
 resource "google_monitoring_dashboard" "outbox" {
   dashboard_json = templatefile("${path.module}/dashboard.json", {
+    cluster      = var.gke_cluster_name
     namespace    = var.gke_namespace
     producer_job = google_cloud_run_v2_job.producer.name
     lag_metric   = google_logging_metric.producer_watermark_lag.name

@@ -9,7 +9,7 @@ output "cloudsql_private_ip" {
 }
 
 output "dispatcher_service_account_email" {
-  description = "For the iam.gke.io/gcp-service-account annotation in deploy/k8s/common/serviceaccount.yaml."
+  description = "For the iam.gke.io/gcp-service-account annotation in deploy/k8s/serviceaccount.yaml."
   value       = google_service_account.dispatcher.email
 }
 
@@ -39,7 +39,7 @@ output "producer_job_name" {
 }
 
 output "pubsub_regional_endpoint" {
-  description = "For OUTBOX_PUBSUB_ENDPOINT in deploy/k8s/common/configmap.yaml."
+  description = "For OUTBOX_PUBSUB_ENDPOINT in deploy/k8s/configmap.yaml."
   value       = "https://${var.region}-pubsub.googleapis.com"
 }
 
@@ -59,7 +59,7 @@ output "console_address" {
 }
 
 output "migrate_service_account_email" {
-  description = "For the iam.gke.io/gcp-service-account annotation of the migration Job's KSA (deploy/k8s/common/serviceaccount.yaml)."
+  description = "For the iam.gke.io/gcp-service-account annotation of the migration Job's KSA (deploy/k8s/migrate/serviceaccount.yaml)."
   value       = google_service_account.migrate.email
 }
 

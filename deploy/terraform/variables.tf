@@ -185,6 +185,20 @@ variable "gke_project_id" {
   default     = null
 }
 
+variable "gke_cluster_name" {
+  description = <<-EOT
+    Name of the GKE cluster the dispatcher runs in (`gcloud container clusters list`; the same as
+    CLUSTER_NAME in deploy/k8s/dispatcher/hpa.yaml). The dispatcher's alert policies and the
+    dashboard read only this cluster's series: Cloud Monitoring sees every cluster of the project.
+  EOT
+  type        = string
+
+  validation {
+    condition     = can(regex("^[a-z]([-a-z0-9]*[a-z0-9])?$", var.gke_cluster_name))
+    error_message = "gke_cluster_name: a GKE cluster name (lowercase letters, digits and hyphens)."
+  }
+}
+
 variable "gke_namespace" {
   description = "Namespace of the dispatcher (deploy/k8s/common/namespace.yaml)."
   type        = string
@@ -192,13 +206,13 @@ variable "gke_namespace" {
 }
 
 variable "gke_service_account" {
-  description = "Kubernetes service account of the dispatcher (deploy/k8s/common/serviceaccount.yaml)."
+  description = "Kubernetes service account of the dispatcher (deploy/k8s/serviceaccount.yaml)."
   type        = string
   default     = "pubsub-outbox-dispatcher"
 }
 
 variable "gke_migrate_service_account" {
-  description = "Kubernetes service account of the migration Job (deploy/k8s/common/serviceaccount.yaml)."
+  description = "Kubernetes service account of the migration Job (deploy/k8s/migrate/serviceaccount.yaml)."
   type        = string
   default     = "pubsub-outbox-migrate"
 }
@@ -356,7 +370,13 @@ variable "producer_memory" {
 # ---- monitoring ---------------------------------------------------------------------------------
 
 variable "alert_notification_channels" {
-  description = "Cloud Monitoring notification channel ids (projects/P/notificationChannels/N) for the producer and database alerts. Required unless allow_alerts_without_notification."
+  description = "Cloud Monitoring notification channel ids (projects/P/notificationChannels/N) that page: the dispatcher's alerts labelled severity: page (deploy/k8s/alerts.yaml), the producer and database alerts. Required unless allow_alerts_without_notification."
+  type        = list(string)
+  default     = []
+}
+
+variable "alert_warning_notification_channels" {
+  description = "Notification channel ids for the dispatcher's alerts labelled severity: warning (a ticket queue, an email list). Empty: they open incidents on the Cloud Monitoring console and notify nobody."
   type        = list(string)
   default     = []
 }

@@ -6,8 +6,11 @@ terraform {
 
   required_providers {
     google = {
-      source  = "hashicorp/google"
-      version = "~> 6.0"
+      source = "hashicorp/google"
+      # 6.39.0 is the first with the Cloud Run job container's depends_on and startup_probe
+      # (cloudrun_job.tf: the producer starts once its proxy sidecar is ready); an older 6.x would
+      # refuse the configuration. 7.0 is a major release with breaking changes: move on purpose.
+      version = ">= 6.39, < 7"
     }
   }
 

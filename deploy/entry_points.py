@@ -1,0 +1,152 @@
+"""Each kustomize entry point applies only its own objects (deploy/check).
+
+`kubectl apply -k` writes every object a kustomization renders. When one entry point renders
+another's objects (the console including ../common, say), applying it writes that other part's
+objects back as this folder has them: placeholders over a live dispatcher's identity and
+configuration. So each object belongs to exactly one entry point:
+
+  common            the namespace, the default-deny policy, the proxy's instance name
+  the root          the dispatcher (also rendered with the per-topic component: its alternative)
+  migrate           the migration Job and its identity
+  operator          the operator's identity and policy; operator/job the template of its Jobs
+  console           the console
+
+and no two renders contain the same kind, namespace and name. The console's IAP audience belongs
+to none: its ConfigMap is made once by hand, so no apply reverts it; the console's Deployment
+must read it from there (a required configMapKeyRef).
+
+Usage: entry_points.py K8S_DIR               the check
+       entry_points.py --self-test K8S_DIR   the check run on broken copies, each of which it must refuse
+"""
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+# Entry point -> the folders rendered for it (relative to k8s/); "+per-topic" turns the component on.
+ENTRY_POINTS = {
+    "common": ["common"],
+    "dispatcher": [".", ".+per-topic"],
+    "migrate": ["migrate"],
+    "operator": ["operator"],
+    "operator job": ["operator/job"],
+    "console": ["console"],
+}
+IAP_CONFIGMAP = "pubsub-outbox-console-iap"
+IAP_KEY = "OUTBOX_CONSOLE_IAP_AUDIENCE"
+
+
+def render(k8s: Path, folder: str) -> list[dict]:
+    path = k8s / folder.removesuffix("+per-topic")
+    with tempfile.TemporaryDirectory() as tmp:
+        if folder.endswith("+per-topic"):
+            copy = Path(tmp) / "k8s"
+            shutil.copytree(k8s, copy)
+            kustomization = copy / "kustomization.yaml"
+            text = kustomization.read_text()
+            enabled = text.replace("# components:\n#   - per-topic", "components:\n  - per-topic")
+            if enabled == text:
+                raise SystemExit("k8s/kustomization.yaml: the commented `components: [per-topic]` is gone")
+            kustomization.write_text(enabled)
+            path = copy
+        out = subprocess.run(["kubectl", "kustomize", str(path)], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"kubectl kustomize {folder}: {out.stderr.strip()}")
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def key(doc: dict) -> str:
+    meta = doc["metadata"]
+    return f"{doc['kind']} {meta.get('namespace', '-')}/{meta['name']}"
+
+
+def iap_problems(console: list[dict]) -> list[str]:
+    problems = []
+    for d in console:
+        if d["kind"] == "ConfigMap" and (d["metadata"]["name"] == IAP_CONFIGMAP or IAP_KEY in d.get("data", {})):
+            problems.append(f"console: {key(d)} holds {IAP_KEY}: every apply would put the placeholder back")
+    refs = [e["valueFrom"]["configMapKeyRef"]
+            for d in console if d["kind"] == "Deployment"
+            for c in d["spec"]["template"]["spec"]["containers"]
+            for e in c.get("env", []) if e["name"] == IAP_KEY and "configMapKeyRef" in e.get("valueFrom", {})]
+    if not any(r["name"] == IAP_CONFIGMAP and r["key"] == IAP_KEY and not r.get("optional", False) for r in refs):
+        problems.append(f"console: the Deployment must read {IAP_KEY} from ConfigMap {IAP_CONFIGMAP} "
+                        "(configMapKeyRef, not optional)")
+    return problems
+
+
+def check(k8s: Path) -> tuple[list[str], str]:
+    owners: dict[str, set[str]] = {}
+    renders = {}
+    for entry, folders in ENTRY_POINTS.items():
+        for folder in folders:
+            docs = render(k8s, folder)
+            renders[folder] = docs
+            for d in docs:
+                owners.setdefault(key(d), set()).add(entry)
+    problems = [f"{obj} is rendered by more than one entry point: {', '.join(sorted(entries))} "
+                "(applying one writes the other's copy back)"
+                for obj, entries in sorted(owners.items()) if len(entries) > 1]
+    problems += [f"{folder}: renders nothing" for folder, docs in renders.items() if not docs]
+    problems += iap_problems(renders["console"])
+    return problems, (f"{len(ENTRY_POINTS)} entry points, {len(owners)} objects, each applied by one "
+                      f"entry point; the console's IAP audience by none")
+
+
+def self_test(k8s: Path) -> None:
+    def include(folder, resource):
+        def edit(copy):
+            path = copy / folder / "kustomization.yaml"
+            path.write_text(path.read_text().replace("resources:\n", f"resources:\n  - {resource}\n", 1))
+        return edit
+
+    def copy_in(file, folder):
+        def edit(copy):
+            shutil.copy(copy / file, copy / folder / "copied.yaml")
+            include(folder, "copied.yaml")(copy)
+        return edit
+
+    def iap_in_kustomization(copy):
+        (copy / "console/iap.yaml").write_text(
+            f"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {IAP_CONFIGMAP}\n"
+            f"data:\n  {IAP_KEY}: /projects/PROJECT_NUMBER/global/backendServices/SERVICE_ID\n")
+        include("console", "iap.yaml")(copy)
+
+    cases = [
+        ("the console including ../common (as on 2847324)", include("console", "../common"), "Namespace -/pubsub-outbox"),
+        ("migrate including ../common (as on 2847324)", include("migrate", "../common"), "ConfigMap pubsub-outbox/cloud-sql-proxy"),
+        ("the operator with a copy of the dispatcher's identity", copy_in("serviceaccount.yaml", "operator"),
+         "ServiceAccount pubsub-outbox/pubsub-outbox-dispatcher"),
+        ("the IAP audience's ConfigMap in the console's kustomization", iap_in_kustomization, IAP_KEY),
+    ]
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for what, edit, expected in cases:
+            copy = Path(tmp) / "k8s"
+            shutil.rmtree(copy, ignore_errors=True)
+            shutil.copytree(k8s, copy)
+            edit(copy)
+            problems, _ = check(copy)
+            if not any(expected in p for p in problems):
+                failures.append(f"{what}: not refused with {expected!r} (got {problems or 'no problem'})")
+    if failures:
+        sys.exit("\n".join(failures))
+    print(f"refuses {len(cases)} broken copies (an entry point that includes ../common among them)")
+
+
+def main() -> None:
+    if sys.argv[1] == "--self-test":
+        self_test(Path(sys.argv[2]).resolve())
+        return
+    problems, summary = check(Path(sys.argv[1]).resolve())
+    if problems:
+        sys.exit("\n".join(problems))
+    print(summary)
+
+
+if __name__ == "__main__":
+    main()
