@@ -90,6 +90,33 @@ pub fn refused_before_sending(e: &google_cloud_gax::error::Error) -> bool {
     e.is_binding() || e.is_serialization()
 }
 
+/// A client error without a gRPC status (no answer, a broken connection) for people: what the
+/// client tried, and the innermost cause (`connection refused (os error 111)`), rather than the
+/// client's own text, which embeds its transport's status and metadata as debug dumps.
+pub fn describe(e: &google_cloud_gax::error::Error) -> String {
+    let what = if e.is_timeout() {
+        "no answer within the deadline"
+    } else if e.is_connect() {
+        "cannot connect"
+    } else if e.is_authentication() {
+        "cannot get credentials"
+    } else if let Some(code) = e.http_status_code() {
+        return format!("HTTP {code} from Pub/Sub or a proxy before it");
+    } else {
+        "the connection failed"
+    };
+    let mut innermost = None;
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        innermost = Some(c);
+        cause = c.source();
+    }
+    match innermost.map(ToString::to_string) {
+        Some(text) if !text.is_empty() => format!("{what}: {text}"),
+        _ => what.to_owned(),
+    }
+}
+
 /// Classifies an error returned by the Pub/Sub client for one message.
 pub fn classify(error: &PublishError) -> PublishFailure {
     match error {
@@ -107,7 +134,7 @@ pub fn classify(error: &PublishError) -> PublishFailure {
             };
             let message = match e.status() {
                 Some(status) => format!("{}: {}", status.code.name(), status.message),
-                None => e.to_string(),
+                None => describe(e),
             };
             PublishFailure { kind, message }
         }
@@ -126,6 +153,25 @@ pub fn classify(error: &PublishError) -> PublishFailure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_transport_failure_reads_as_its_innermost_cause_not_a_debug_dump() {
+        #[derive(Debug, thiserror::Error)]
+        #[error(
+            "status: Unavailable, message: \"error trying to connect\", details: [], metadata: MetadataMap {{ headers: {{}} }}"
+        )]
+        struct Dump(#[source] std::io::Error);
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let text = refused.to_string();
+        let e = google_cloud_gax::error::Error::connect(Dump(refused));
+        let said = describe(&e);
+        assert_eq!(said, format!("cannot connect: {text}"));
+        assert!(!said.contains("MetadataMap"), "{said}");
+        let timeout = google_cloud_gax::error::Error::timeout(Dump(std::io::Error::from(
+            std::io::ErrorKind::TimedOut,
+        )));
+        assert!(describe(&timeout).starts_with("no answer within the deadline: "));
+    }
     use google_cloud_gax::error::rpc::Status;
     use std::sync::Arc;
 

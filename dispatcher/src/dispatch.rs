@@ -1,5 +1,5 @@
 //! The state the workers of a process share ([`Dispatch`]: the pool, the publisher, the breaker,
-//! the byte budget, the key walk, the heartbeats). The unit of work (`crate::batch`) and the
+//! the schema gate, the byte budget, the key walk, the heartbeats). The unit of work (`crate::batch`) and the
 //! worker loop (`crate::worker`) both stand on it; it knows neither.
 
 use std::sync::Arc;
@@ -17,6 +17,7 @@ use crate::floors::Floors;
 use crate::liveness::Heartbeats;
 use crate::metrics::Metrics;
 use crate::publisher::Publish;
+use crate::schema::SchemaGate;
 use crate::storm::Storms;
 use outbox_shared::store::claim::ClaimSession;
 
@@ -28,6 +29,8 @@ pub(crate) struct Dispatch<P> {
     pub(crate) settings: BatchSettings,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) breaker: Arc<Breaker>,
+    /// Whether the schema has every migration of this release (`crate::schema`).
+    pub(crate) schema: Arc<SchemaGate>,
     pub(crate) heartbeats: Heartbeats,
     pub(crate) inflight: ByteBudget,
     pub(crate) keys: KeyWalk,
@@ -67,6 +70,7 @@ impl<P: Publish> Dispatch<P> {
             settings: config.batch.clone(),
             metrics,
             breaker,
+            schema: Arc::new(SchemaGate::default()),
             heartbeats: Heartbeats::new(config.workers),
             inflight: ByteBudget::new(config.max_inflight_bytes),
             keys: KeyWalk::new(config.batch.batch_size),

@@ -51,6 +51,14 @@ pub enum DispatcherError {
     Config(String),
 }
 
+impl DispatcherError {
+    /// Whether a statement failed because the schema lacks what it names (the schema may be
+    /// behind this release: `crate::schema` tells).
+    pub fn is_schema_mismatch(&self) -> bool {
+        matches!(self, Self::Store(e) if e.is_schema_mismatch())
+    }
+}
+
 impl outbox_runtime::exit::Failure for DispatcherError {
     /// Configuration: settings, the Pub/Sub client or its requests, the listen address, and the
     /// database errors retrying cannot fix. Run-time: an unreachable database, a store error, a

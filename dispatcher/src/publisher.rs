@@ -433,8 +433,9 @@ impl Publish for PubsubPublisher {
                 Err(ProbeError::Refused(format!("topic {topic:?}: {e}")))
             }
             Ok(Err(e)) => Err(ProbeError::Unreachable(format!(
-                "Pub/Sub at {} does not answer: {e}",
-                self.endpoint
+                "Pub/Sub at {} does not answer: {}",
+                self.endpoint,
+                classify::describe(&e)
             ))),
             Err(_) => Err(ProbeError::Unreachable(format!(
                 "Pub/Sub at {} gave no answer within {deadline:?}",

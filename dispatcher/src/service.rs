@@ -127,6 +127,9 @@ impl<P: Publish> Dispatcher<P> {
             local_addr,
         } = self;
         let pool = dispatch.pool.clone();
+        // A replica on a schema behind its release claims nothing and says so (`crate::schema`);
+        // read before the background tasks start, so that none of them reads a missing table.
+        let schema_ok = dispatch.schema.check(&pool).await;
         let wakeup = Arc::new(Notify::new());
         let mut background =
             spawn_background(&dispatch, &config, registry, listener, &wakeup, &shutdown);
@@ -136,8 +139,19 @@ impl<P: Publish> Dispatcher<P> {
             config.forget_replicas_after,
             shutdown.clone(),
         ));
-        // A replica started during an outage must not report ready: probe before the first claim.
-        if let Some(topic) = probe_topic(&dispatch, &config).await {
+        // A replica started during an outage must not report ready: probe before the first claim
+        // (on a schema behind, only a --topic: there is no table to read one from).
+        let topic = if schema_ok {
+            probe_topic(&dispatch, &config).await
+        } else {
+            config
+                .batch
+                .topics
+                .as_ref()
+                .and_then(|t| t.first())
+                .cloned()
+        };
+        if let Some(topic) = topic {
             match dispatch.publisher.probe(&topic).await {
                 Ok(()) => {}
                 Err(e) if e.is_outage() => dispatch.breaker.open_at_start(&topic, &e.to_string()),
@@ -189,7 +203,11 @@ fn spawn_background<P: Publish>(
     let mut background = JoinSet::new();
     let checks = Checks {
         live: tasks::liveness(dispatch.clone(), config.liveness_timeout),
-        ready: tasks::readiness(pool.clone(), dispatch.breaker.clone()),
+        ready: tasks::readiness(
+            pool.clone(),
+            dispatch.breaker.clone(),
+            dispatch.schema.clone(),
+        ),
     };
     background.spawn(tasks::health_server(
         listener,
@@ -206,8 +224,14 @@ fn spawn_background<P: Publish>(
             shutdown.clone(),
         ));
     }
+    background.spawn(crate::schema::watch(
+        dispatch.schema.clone(),
+        pool.clone(),
+        shutdown.clone(),
+    ));
     background.spawn(tasks::sample_gauges(
         pool.clone(),
+        dispatch.schema.clone(),
         dispatch.metrics.clone(),
         config.batch.topics.clone(),
         config.batch.skip_dead_letter_topics.clone(),
@@ -221,6 +245,7 @@ fn spawn_background<P: Publish>(
     if !config.retention.is_zero() {
         background.spawn(tasks::purge(
             pool,
+            dispatch.schema.clone(),
             config.retention,
             config.purge_interval,
             shutdown.clone(),

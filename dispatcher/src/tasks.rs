@@ -22,6 +22,7 @@ use crate::breaker::Breaker;
 use crate::dispatch::Dispatch;
 use crate::metrics::{Labels, Metrics};
 use crate::publisher::Publish;
+use crate::schema::SchemaGate;
 
 /// Cap on the backlog count (an index-only scan that stops here).
 const BACKLOG_CAP: i64 = 1_000_000;
@@ -47,12 +48,17 @@ pub(crate) fn liveness<P: Publish>(d: Arc<Dispatch<P>>, timeout: Duration) -> Li
     })
 }
 
-/// Ready when the database answers (within the endpoint's deadline) and the breaker is closed
-/// (Pub/Sub reachable).
-pub(crate) fn readiness(pool: PgPool, breaker: Arc<Breaker>) -> ReadinessCheck {
+/// Ready when the database answers (within the endpoint's deadline), its schema has every
+/// migration of this release and the breaker is closed (Pub/Sub reachable).
+pub(crate) fn readiness(
+    pool: PgPool,
+    breaker: Arc<Breaker>,
+    schema: Arc<SchemaGate>,
+) -> ReadinessCheck {
     Arc::new(move || {
         let pool = pool.clone();
         let breaker = breaker.clone();
+        let schema = schema.clone();
         Box::pin(async move {
             let ping = tokio::time::timeout(
                 Duration::from_millis(800),
@@ -63,6 +69,11 @@ pub(crate) fn readiness(pool: PgPool, breaker: Arc<Breaker>) -> ReadinessCheck {
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => return Err(format!("database unreachable: {e}")),
                 Err(_) => return Err("database unreachable: no answer within 800ms".to_owned()),
+            }
+            if let Some(reason) = schema.behind() {
+                return Err(format!(
+                    "the database schema is behind this release: {reason}"
+                ));
             }
             match breaker.open_reason() {
                 None => Ok(()),
@@ -141,6 +152,7 @@ pub(crate) async fn listen(
 /// minute while there is traffic or a backlog.
 pub(crate) async fn sample_gauges(
     pool: PgPool,
+    schema: Arc<SchemaGate>,
     metrics: Arc<Metrics>,
     topics: Option<Vec<String>>,
     skip_topics: Vec<String>,
@@ -157,7 +169,9 @@ pub(crate) async fn sample_gauges(
     loop {
         sampler.sample_pool(&pool);
         // Every statement inside a transaction, as behind a transaction-mode pooler it must be.
+        // On a schema behind this release there are no tables to read (the gate says why).
         match pool.begin().await {
+            Ok(_) if !schema.is_open() => {}
             Ok(mut conn) => {
                 // The paused topics first: the claimable age leaves their rows out.
                 let paused = sampler.sample_paused(&mut conn).await;
@@ -411,15 +425,19 @@ pub(crate) async fn heartbeat<P: Publish>(
         started_at,
         heartbeat_at: started_at,
         breaker_open: false,
+        breaker_reason: None,
         batches_in_flight: 0,
         rows_in_flight: 0,
         published: 0,
     };
     loop {
-        row.breaker_open = !d.breaker.is_closed();
+        row.breaker_reason = d.breaker.open_reason();
+        row.breaker_open = row.breaker_reason.is_some();
         (row.batches_in_flight, row.rows_in_flight) = d.in_flight();
         row.published = i64::try_from(d.metrics.published.get()).unwrap_or(i64::MAX);
         match d.pool.begin().await {
+            // No heartbeat table to write on a schema behind this release.
+            Ok(_) if !d.schema.is_open() => {}
             Ok(mut tx) => match replica::heartbeat(&mut tx, &row).await {
                 Ok(()) => {
                     match replica::prune(&mut tx, forget_secs, None).await {
@@ -476,6 +494,11 @@ pub(crate) async fn keep_floors<P: Publish>(
         tokio::select! {
             _ = tokio::time::sleep_until(next_raise.min(next_probe)) => {},
             _ = shutdown.requested() => return,
+        }
+        if !d.schema.is_open() {
+            // No outbox to walk on a schema behind this release (the gate says why).
+            next_raise = tokio::time::Instant::now() + Duration::from_secs(1);
+            continue;
         }
         let now = tokio::time::Instant::now();
         if now >= next_raise {
@@ -575,13 +598,14 @@ async fn probe_floors<P: Publish>(d: &Dispatch<P>) -> Result<(u64, u64), outbox_
 /// Deletes retained published rows older than `retention`, 1,000 at a time.
 pub(crate) async fn purge(
     pool: PgPool,
+    schema: Arc<SchemaGate>,
     retention: Duration,
     interval: Duration,
     mut shutdown: Shutdown,
 ) {
     let retention = chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
     loop {
-        loop {
+        while schema.is_open() {
             let before = Utc::now() - retention;
             let deleted = match pool.begin().await {
                 Ok(mut tx) => match outbox::purge_published(&mut tx, before, 1000).await {

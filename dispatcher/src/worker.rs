@@ -1,5 +1,6 @@
 //! The worker loop: runs the unit of work (`crate::batch::run_batch`) until shutdown, waking on
-//! NOTIFY or the shared poll interval when idle, backing off after a failed batch.
+//! NOTIFY or the shared poll interval when idle, backing off after a failed batch, waiting while
+//! the schema is behind this release (`crate::schema`) or Pub/Sub is unreachable (`crate::breaker`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +28,9 @@ pub(crate) async fn work<P: Publish>(
         if shutdown.is_requested() {
             break;
         }
+        d.schema
+            .admit(&mut shutdown, || d.heartbeats.beat(worker))
+            .await;
         d.breaker
             .admit(&*d.publisher, &mut shutdown, || d.heartbeats.beat(worker))
             .await;
@@ -72,6 +76,11 @@ pub(crate) async fn work<P: Publish>(
                     _ = tokio::time::sleep(d.idle.current()) => d.idle.found_nothing(),
                     _ = shutdown.requested() => break,
                 }
+            }
+            Err(e) if e.is_schema_mismatch() && !d.schema.check(&d.pool).await => {
+                // The schema lacks what the statement named: the gate closed and says why (once
+                // an interval); the next turn waits at it.
+                tracing::debug!(worker, error = %e, "A batch failed on a schema behind this release.");
             }
             Err(e) => {
                 // Logged once here (run_batch's span records it at debug level).

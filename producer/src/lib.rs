@@ -117,6 +117,9 @@ pub async fn execute(args: &RunArgs, shutdown: &Shutdown) -> Result<JobReport, S
     if args.job.migrate {
         outbox_shared::db::migrate(&pool).await?;
     }
+    // A run on a schema behind this release stops here (exit 2, what to run), not at its first
+    // statement on a missing table.
+    outbox_shared::db::ensure_schema(&pool).await?;
     let client = bigquery::connect(
         args.bigquery.bigquery_endpoint.as_deref(),
         args.bigquery.bigquery_credentials,

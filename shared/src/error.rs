@@ -45,6 +45,9 @@ pub enum Error {
         /// Its description.
         description: String,
     },
+    /// The database's schema lacks migrations of this release (a rollout ahead of its migration).
+    #[error("the database schema is behind this release: {0}")]
+    SchemaBehind(SchemaBehind),
     /// A statement failed.
     #[error("database error while {context}: {source}")]
     Database {
@@ -86,10 +89,27 @@ impl Error {
             }
             Self::MigrationModified { .. }
             | Self::MigrationUnknown { .. }
-            | Self::MigrationIncomplete { .. } => true,
+            | Self::MigrationIncomplete { .. }
+            | Self::SchemaBehind(_) => true,
             Self::Database { source, .. } => {
                 matches!(sqlstate(source).as_deref(), Some("42501"))
             }
+        }
+    }
+
+    /// Whether a statement failed because the schema lacks what it names (a table, a column, a
+    /// function: undefined_table, undefined_column, undefined_function): the schema may be
+    /// behind this release, which [`crate::db::schema_state`] tells.
+    pub fn is_schema_mismatch(&self) -> bool {
+        match self {
+            Self::Database { source, .. } => {
+                matches!(
+                    sqlstate(source).as_deref(),
+                    Some("42P01" | "42703" | "42883")
+                )
+            }
+            Self::SchemaBehind(_) => true,
+            _ => false,
         }
     }
 
@@ -107,6 +127,40 @@ impl Error {
             context: "committing a transaction",
             source,
         }
+    }
+}
+
+/// A schema missing migrations of this release.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchemaBehind {
+    /// The newest applied version (`None`: no outbox migration is recorded, or the record is
+    /// not readable by this login).
+    pub at: Option<i64>,
+    /// The newest version this release ships.
+    pub needs: i64,
+    /// How many of this release's migrations are missing (`None` when the record is unreadable).
+    pub pending: Option<usize>,
+    /// The record exists but this login may not read it: the schema predates this migration,
+    /// the one that lets the workloads' roles read it.
+    pub unreadable_before: Option<i64>,
+}
+
+impl std::fmt::Display for SchemaBehind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let at = match (self.at, self.unreadable_before) {
+            (Some(v), _) => v.to_string(),
+            (None, Some(before)) => format!("a version before {before}"),
+            (None, None) => "none (no outbox migration is recorded here)".to_owned(),
+        };
+        write!(f, "schema at {at}, this release needs {}", self.needs)?;
+        if let Some(n) = self.pending {
+            write!(f, " ({n} migration(s) pending)")?;
+        }
+        write!(
+            f,
+            ": run `dispatcher migrate` (or `producer migrate`) as the migrating role, or the \
+             release's migration Job, before this release"
+        )
     }
 }
 

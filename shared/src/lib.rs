@@ -24,7 +24,8 @@
 //! - [`retry`]: the durable retry schedule, a pure function of attempts and `now`.
 //! - [`store`]: ALL SQL, one module per table. Functions take a connection or a transaction so
 //!   callers compose transactions.
-//! - [`db`]: the embedded migrations and their own bookkeeping table ([`MIGRATOR`], [`migrate`]).
+//! - [`db`]: the embedded migrations and their own bookkeeping table ([`MIGRATOR`], [`migrate`]),
+//!   and whether a database's schema is the one this release runs on ([`schema_state`]).
 //! - [`error`]: the typed errors of this crate.
 
 pub mod db;
@@ -34,7 +35,7 @@ pub mod message;
 pub mod retry;
 pub mod store;
 
-pub use db::{MIGRATOR, Migrated, migrate};
+pub use db::{MIGRATOR, Migrated, SchemaState, migrate, schema_state};
 pub use error::{Error, Result};
 pub use limits::{LimitViolation, check_publishable};
 pub use message::{Attributes, ClaimedMessage, NewMessage, TopicNameError, resolve_topic};

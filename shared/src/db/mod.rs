@@ -21,12 +21,18 @@
 //! run with what to do. Connecting, pool sizing and session settings belong to the service runtime
 //! (`outbox_runtime::db`): an application that already has a pool only needs [`migrate`].
 
+mod version;
+
 use std::collections::HashMap;
 use std::time::Instant;
 
 use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::error::{DbContext, Error, Result};
+
+pub use version::{
+    READABLE_SINCE, SchemaBehind, SchemaState, ensure_schema, release_version, schema_state,
+};
 
 /// The schema, embedded at build time from `migrations/`.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");

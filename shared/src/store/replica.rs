@@ -26,6 +26,8 @@ pub struct Replica {
     pub heartbeat_at: DateTime<Utc>,
     /// Whether its circuit breaker is open (Pub/Sub unreachable from it).
     pub breaker_open: bool,
+    /// Why it is open: the last probe's or publish's error, naming the endpoint.
+    pub breaker_reason: Option<String>,
     /// Batches it holds (claimed, not yet settled).
     pub batches_in_flight: i32,
     /// Rows in those batches.
@@ -39,11 +41,12 @@ pub struct Replica {
 pub async fn heartbeat(conn: &mut PgConnection, r: &Replica) -> Result<()> {
     sqlx::query(
         "INSERT INTO pubsub_outbox_replica (replica_id, hostname, pid, version, topics, started_at,
-                                            heartbeat_at, breaker_open, batches_in_flight, rows_in_flight,
-                                            published)
-         VALUES ($1, $2, $3, $4, $5, $6, now(), $7, $8, $9, $10)
+                                            heartbeat_at, breaker_open, breaker_reason, batches_in_flight,
+                                            rows_in_flight, published)
+         VALUES ($1, $2, $3, $4, $5, $6, now(), $7, $8, $9, $10, $11)
          ON CONFLICT (replica_id) DO UPDATE SET heartbeat_at = now(),
-             breaker_open = EXCLUDED.breaker_open, batches_in_flight = EXCLUDED.batches_in_flight,
+             breaker_open = EXCLUDED.breaker_open, breaker_reason = EXCLUDED.breaker_reason,
+             batches_in_flight = EXCLUDED.batches_in_flight,
              rows_in_flight = EXCLUDED.rows_in_flight, published = EXCLUDED.published",
     )
     .persistent(crate::store::named_statements())
@@ -54,6 +57,7 @@ pub async fn heartbeat(conn: &mut PgConnection, r: &Replica) -> Result<()> {
     .bind(&r.topics)
     .bind(r.started_at)
     .bind(r.breaker_open)
+    .bind(&r.breaker_reason)
     .bind(r.batches_in_flight)
     .bind(r.rows_in_flight)
     .bind(r.published)
@@ -109,7 +113,7 @@ pub async fn list(conn: &mut PgConnection) -> Result<(DateTime<Utc>, Vec<Replica
         .context("reading the server clock")?;
     let replicas = sqlx::query_as(
         "SELECT replica_id, hostname, pid, version, topics, started_at, heartbeat_at, breaker_open,
-                batches_in_flight, rows_in_flight, published
+                breaker_reason, batches_in_flight, rows_in_flight, published
          FROM pubsub_outbox_replica ORDER BY heartbeat_at DESC",
     )
     .persistent(crate::store::named_statements())

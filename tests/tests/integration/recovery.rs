@@ -58,6 +58,13 @@ async fn outage(
                     body.contains(&proxy.addr()),
                     "the reason names the endpoint: {body}"
                 );
+                for dump in ["MetadataMap", "Some(", "Os {", "Error(", "kind: "] {
+                    assert!(
+                        !body.contains(dump),
+                        "the reason reads as words, not a debug dump ({dump}): {body}"
+                    );
+                }
+                eprintln!("RECOVERY /readyz during the outage: {body}");
                 Ok(cut.elapsed())
             }
             (status, body) => Err(format!("{status} {body}")),
