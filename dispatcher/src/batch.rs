@@ -300,7 +300,11 @@ async fn publish<P: Publish>(
     match results {
         Ok(results) => {
             for (i, result) in send.iter().zip(results) {
-                if let Err(failure) = &result {
+                // A refused request fails every message in it: refused messages are counted
+                // once isolation has found them (`isolate`), not here.
+                if let Err(failure) = &result
+                    && failure.kind != FailureKind::Permanent
+                {
                     d.metrics.fail(failure.kind.as_str(), 1);
                 }
                 attempts[*i] = into_attempt(result);
@@ -381,6 +385,16 @@ async fn isolate<P: Publish>(
     }
 }
 
+/// Counts a message Pub/Sub refused on its own (`outbox_publish_failures_total{kind="permanent"}`:
+/// refused messages, not the messages of a refused request).
+fn count_refused<P: Publish>(d: &Dispatch<P>, result: &Result<String, PublishFailure>) {
+    if let Err(f) = result
+        && f.kind == FailureKind::Permanent
+    {
+        d.metrics.fail(f.kind.as_str(), 1);
+    }
+}
+
 /// How many parts the suspects are split into first (they were refused together already).
 const FIRST_FAN_OUT: usize = 16;
 /// How many parts a refused part is split into for the next round: a part holds few refused
@@ -420,7 +434,10 @@ async fn split_out<P: Publish>(
                     Err(f) if f.kind == FailureKind::Permanent && group.len() > 1 => {
                         refused.push(i)
                     }
-                    result => verdicts.push((i, into_attempt(result))),
+                    result => {
+                        count_refused(d, &result);
+                        verdicts.push((i, into_attempt(result)));
+                    }
                 }
             }
             next.extend(split(&refused, NEXT_FAN_OUT));
@@ -456,13 +473,14 @@ async fn isolate_key<P: Publish>(
             _ => return updates,
         }
         d.metrics.isolation_publishes.inc();
-        let attempt = into_attempt(
-            d.publisher
-                .publish_apart(std::slice::from_ref(&claimed[i]))
-                .await
-                .pop()
-                .unwrap_or_else(|| Err(PublishFailure::transient("no result for the message"))),
-        );
+        let result = d
+            .publisher
+            .publish_apart(std::slice::from_ref(&claimed[i]))
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(PublishFailure::transient("no result for the message")));
+        count_refused(d, &result);
+        let attempt = into_attempt(result);
         let goes_on = match &attempt {
             Attempt::Published(_) => true,
             Attempt::Failed(f) => f.kind == FailureKind::Permanent && policy.skips(topic),

@@ -105,7 +105,7 @@ impl Metrics {
         );
         r.register(
             "publish_failures",
-            "Failed message publishes by kind",
+            "Messages whose publish failed, by kind: transient and not_attempted (each message of a failed request), permanent (each message Pub/Sub refused on its own, found by isolation), limit (refused locally by a limit check)",
             m.failed.clone(),
         );
         r.register(

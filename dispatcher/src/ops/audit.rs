@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 use outbox_runtime::operator::{Command, Common, Exit, OpsError, Output, parse_instant};
-use outbox_runtime::table::Table;
+use outbox_runtime::table::{Table, instant};
 use outbox_shared::store::audit::{self, ACTIONS};
 use sqlx::PgPool;
 
@@ -67,7 +67,7 @@ impl Command for AuditArgs {
         for e in &entries {
             t.row(vec![
                 e.id.to_string(),
-                e.at.to_rfc3339(),
+                instant(e.at),
                 e.actor.clone(),
                 e.db_user.clone().unwrap_or_else(|| "-".to_owned()),
                 e.action.clone(),

@@ -10,17 +10,18 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox_runtime::operator::{
-    Actor, Command, Common, Confirm, Exit, OpsError, Output, Why, execute, output_on, parse_age,
-    parse_instant,
+    Actor, Command, Common, Confirm, Exit, OpsError, Output, Why, execute, finish, output_on,
+    parse_age, parse_instant,
 };
-use outbox_runtime::table::Table;
+use outbox_runtime::table::{Table, instant, printable};
 use outbox_shared::store::audit::{self, Action};
 use outbox_shared::store::dead_letter::{self, DeadLetter, Filter, REFUSED_LOCALLY};
 use outbox_shared::store::notify;
 use serde::Serialize;
 use sqlx::PgPool;
 
-use super::{ProjectArg, Wake};
+use super::blocked::BlockedArgs;
+use super::{ProjectArg, Unknown, Wake, known_topic};
 
 /// The dead-letter commands.
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -47,6 +48,13 @@ pub enum DeadLettersCommand {
                       dispatcher dead-letters discard --older-than 30d --reason \"retention\" --yes"
     )]
     Discard(DiscardArgs),
+    /// The ordering keys dead letters hold back, with the messages waiting behind each, a page
+    /// at a time (by topic and key).
+    #[command(
+        after_help = "Examples:\n  dispatcher dead-letters blocked --topic projects/billing-prod/topics/invoices\n  \
+                      dispatcher dead-letters blocked --topic invoices --pubsub-project billing-prod --after-key customer-4711"
+    )]
+    Blocked(BlockedArgs),
 }
 
 impl DeadLettersCommand {
@@ -56,6 +64,7 @@ impl DeadLettersCommand {
             Self::Show(a) => &a.common,
             Self::Replay(a) => &a.change.common,
             Self::Discard(a) => &a.change.common,
+            Self::Blocked(a) => &a.common,
         }
     }
 
@@ -65,6 +74,7 @@ impl DeadLettersCommand {
             Self::Show(a) => output_on(a, pool).await,
             Self::Replay(a) => output_on(a, pool).await,
             Self::Discard(a) => output_on(a, pool).await,
+            Self::Blocked(a) => output_on(a, pool).await,
         }
     }
 
@@ -74,6 +84,7 @@ impl DeadLettersCommand {
             Self::Show(a) => execute(a, common, application).await,
             Self::Replay(a) => execute(a, common, application).await,
             Self::Discard(a) => execute(a, common, application).await,
+            Self::Blocked(a) => execute(a, common, application).await,
         }
     }
 }
@@ -253,18 +264,16 @@ fn preview(payload: &[u8], max: usize) -> Option<String> {
     }
 }
 
-/// `text` for a terminal: control characters escaped (`\n`, `\u{1b}`), everything else as is.
-fn printable(text: &str) -> String {
-    text.chars()
-        .flat_map(|c| {
-            let escaped: Vec<char> = if c.is_control() {
-                c.escape_default().collect()
-            } else {
-                vec![c]
-            };
-            escaped
-        })
-        .collect()
+/// Refuses a filter's topic that nothing in the database names (exit 2, with the near ones):
+/// the filter could match nothing, and a typo would look like "no dead letter matches".
+async fn check_topic(conn: &mut sqlx::PgConnection, filter: &Filter) -> Result<(), OpsError> {
+    if let Some(topic) = &filter.topic {
+        let resolved = ProjectArg {
+            pubsub_project: String::new(),
+        };
+        known_topic(conn, &resolved, topic, Unknown::Refuse("")).await?;
+    }
+    Ok(())
 }
 
 impl From<DeadLetter> for Entry {
@@ -310,6 +319,7 @@ impl Command for ListArgs {
     async fn run(p: Page, pool: &PgPool) -> Result<Output, OpsError> {
         // Read-only, inside a transaction (as behind a transaction-mode pooler it must be).
         let mut conn = pool.begin().await?;
+        check_topic(&mut conn, &p.filter).await?;
         let entries: Vec<Entry> = dead_letter::select(&mut conn, &p.filter, p.limit, p.before_id)
             .await?
             .into_iter()
@@ -328,7 +338,7 @@ impl Command for ListArgs {
         for e in &entries {
             t.row(vec![
                 e.id.to_string(),
-                e.failed_at.to_rfc3339(),
+                instant(e.failed_at),
                 e.error_kind.clone(),
                 e.topic.clone(),
                 e.ordering_key.as_deref().map_or("-".to_owned(), printable),
@@ -375,8 +385,8 @@ impl Command for ShowArgs {
                 e.outbox_id.map_or("-".to_owned(), |i| i.to_string()),
             ),
             ("source", e.source.clone()),
-            ("enqueued at", e.created_at.to_rfc3339()),
-            ("failed at", e.failed_at.to_rfc3339()),
+            ("enqueued at", instant(e.created_at)),
+            ("failed at", instant(e.failed_at)),
             ("attempts", e.attempts.to_string()),
             ("error kind", e.error_kind.clone()),
             ("error", printable(&e.last_error)),
@@ -447,9 +457,10 @@ impl ChangeArgs {
                 self.rate
             )));
         }
-        let who = self.why.check(&format!(
-            "say why the dead letters are {action}ed (it goes to the audit trail)"
-        ))?;
+        let who = self.why.check(
+            &format!("say why the dead letters are {action}ed (it goes to the audit trail)"),
+            self.confirm.dry_run,
+        )?;
         self.confirm.check(by_filter, action, "dead letter")?;
         Ok(Plan {
             action,
@@ -509,6 +520,11 @@ pub struct ChangeReport {
 
 /// Replays or discards the plan's dead letters, a batch per transaction.
 async fn change(plan: Plan, pool: &PgPool) -> Result<Output, OpsError> {
+    {
+        let mut conn = pool.begin().await?;
+        check_topic(&mut conn, &plan.filter).await?;
+        conn.rollback().await?;
+    }
     let selector = serde_json::to_value(&plan.filter).map_err(OpsError::Encode)?;
     let mut report = ChangeReport {
         action: plan.action,
@@ -568,10 +584,8 @@ async fn change_page(
         );
     }
     let page: Vec<i64> = page.iter().map(|d| d.id).collect();
-    if plan.dry_run {
-        report.ids.extend(&page);
-        return Ok(Some((last, page.len())));
-    }
+    // A dry run makes the change and rolls it back: what it lists is exactly what the change
+    // would do (a replay's skipped entries too).
     let done = match action {
         "replay" => dead_letter::replay(&mut tx, &page).await?,
         _ => dead_letter::discard(&mut tx, &page).await?,
@@ -579,7 +593,7 @@ async fn change_page(
     report
         .skipped
         .extend(page.iter().filter(|id| !done.contains(id)));
-    if !done.is_empty() {
+    if !done.is_empty() && !plan.dry_run {
         let entry = Action {
             actor: plan.who.actor.as_deref(),
             action,
@@ -591,7 +605,7 @@ async fn change_page(
         // Replayed rows are due now; a discard may release the key its entry blocked.
         notify::notify(&mut tx, &plan.notify_channel).await?;
     }
-    tx.commit().await?;
+    finish(tx, plan.dry_run).await?;
     report.ids.extend(&done);
     Ok(Some((last, page.len())))
 }
@@ -607,8 +621,22 @@ fn change_output(plan: &Plan, report: ChangeReport) -> Result<Output, OpsError> 
     let mut text = format!("{verb} {} dead letter(s): {:?}\n", report.count, report.ids);
     if !report.skipped.is_empty() {
         text.push_str(&format!(
-            "left in place (the dedupe key is in the outbox already): {:?}\n",
-            report.skipped
+            "{} in place: {:?}. Their dedupe key is in the outbox again (the message was written \
+             again, or its published copy is retained), so a replay cannot bring them back and \
+             the ordering key they block stays blocked: discard them (dispatcher dead-letters \
+             discard {} --reason …) to release it\n",
+            if plan.dry_run {
+                "would be left"
+            } else {
+                "left"
+            },
+            report.skipped,
+            report
+                .skipped
+                .iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join(" ")
         ));
     }
     let unknown: Vec<i64> = plan
@@ -618,6 +646,8 @@ fn change_output(plan: &Plan, report: ChangeReport) -> Result<Output, OpsError> 
         .filter(|id| !report.ids.contains(id) && !report.skipped.contains(id))
         .collect();
     let exit = match (report.count, unknown.is_empty()) {
+        // Selected, but every one left in place: not done (the text says why and what to do).
+        (0, _) if !report.skipped.is_empty() => Exit::Failed,
         (0, _) => Exit::NothingMatched,
         (_, false) => Exit::Failed,
         (_, true) => Exit::Ok,
@@ -642,11 +672,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_preview_is_the_text_as_stored_and_the_table_escapes_only_controls() {
+    fn the_preview_is_the_text_as_stored_escaped_once_as_json() {
         let json = br#"{"seq":3}"#;
         assert_eq!(preview(json, 200).as_deref(), Some(r#"{"seq":3}"#));
-        assert_eq!(printable(r#"{"seq":3}"#), r#"{"seq":3}"#);
-        assert_eq!(printable("a\nb\u{1b}[0m"), "a\\nb\\u{1b}[0m");
         assert_eq!(
             serde_json::to_string(&preview(json, 200)).ok().as_deref(),
             Some(r#""{\"seq\":3}""#),

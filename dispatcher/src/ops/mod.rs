@@ -9,6 +9,7 @@
 //! dispatchers after a change that releases rows.
 
 mod audit;
+mod blocked;
 mod dead_letters;
 mod pause;
 mod replicas;
@@ -58,7 +59,26 @@ pub enum OpsCommand {
     Replicas(replicas::ReplicasCommand),
 }
 
+/// The operator commands alone on a command line, as the console reads a page's request.
+#[derive(Debug, clap::Parser)]
+#[command(name = "dispatcher")]
+struct OpsLine {
+    #[command(subcommand)]
+    op: OpsCommand,
+}
+
 impl OpsCommand {
+    /// Parses `args` (the program name first, then the command and its flags) exactly as the
+    /// CLI parses an operator command: the same flags, defaults and value checks.
+    pub fn try_parse<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::Parser;
+        OpsLine::try_parse_from(args).map(|line| line.op)
+    }
+
     /// The logging flags of the command.
     pub fn telemetry(&self) -> &TelemetryArgs {
         &self.common().telemetry
@@ -119,33 +139,50 @@ impl ProjectArg {
     }
 }
 
-/// The full name of `given`, which must be a valid topic name and, unless `allow_unknown`, one an
-/// outbox row, a dead letter, a pause or a replica names. A refusal (exit 2) lists the known
-/// topics near `given` (a typo in a valid-looking name would otherwise change nothing, exit 0).
+/// What a command says of a valid topic name the database does not know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unknown {
+    /// Take it (a resume finds out itself; a pause with `--new-topic`).
+    Allow,
+    /// Refuse it (exit 2), adding this sentence on what to do when it is right after all.
+    Refuse(&'static str),
+}
+
+/// What `pause` says of an unknown topic.
+pub const PAUSE_A_NEW_TOPIC: &str = "for a topic with no message here yet (or none left: \
+                                     published rows are deleted), add --new-topic";
+
+/// The full name of `given`, which must be a valid topic name and, unless `unknown` allows it,
+/// one an outbox row, a dead letter, a pause or a replica names. A refusal (exit 2) lists the
+/// known topics near the name (compared as resolved, so a short name finds its full one): a typo
+/// in a valid-looking name would otherwise change nothing, or match nothing, and exit 0.
 pub async fn known_topic(
     conn: &mut PgConnection,
     project: &ProjectArg,
     given: &str,
-    allow_unknown: bool,
+    unknown: Unknown,
 ) -> Result<String, OpsError> {
-    let why = match project.topic(given) {
-        Ok(name) if allow_unknown || topic::is_known(conn, &name).await? => return Ok(name),
-        Ok(name) => format!(
-            "topic {name:?} is not known here: no outbox row, dead letter, pause, replica or \
-             audit entry names it"
+    let (why, compared) = match project.topic(given) {
+        Ok(name) if unknown == Unknown::Allow || topic::is_known(conn, &name).await? => {
+            return Ok(name);
+        }
+        Ok(name) => (
+            format!(
+                "topic {name:?} is not known here: no outbox row, dead letter, pause, replica or \
+                 audit entry names it"
+            ),
+            name,
         ),
-        Err(e) => e.to_string(),
+        Err(e) => (e.to_string(), given.to_owned()),
     };
     let all = topic::all(conn).await?;
+    let hint = match unknown {
+        Unknown::Refuse(hint) if !hint.is_empty() => format!("; {hint}"),
+        _ => String::new(),
+    };
     Err(OpsError::Usage(format!(
-        "{why} ({}). Check the name{}",
-        did_you_mean(given, &all),
-        if allow_unknown {
-            ""
-        } else {
-            "; for a topic with no message here yet (or none left: published rows are deleted), \
-             add --new-topic"
-        }
+        "{why} ({}). Check the name{hint}",
+        did_you_mean(&compared, &all),
     )))
 }
 

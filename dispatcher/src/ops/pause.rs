@@ -8,13 +8,15 @@
 //! topic's rows are claimed at once.
 
 use chrono::{DateTime, Utc};
-use outbox_runtime::operator::{Actor, Command, Common, Exit, OpsError, Output, Why};
+use outbox_runtime::operator::{
+    Actor, Command, Common, Confirm, Exit, OpsError, Output, Why, finish,
+};
 use outbox_shared::store::audit::{self, Action};
 use outbox_shared::store::{notify, pause};
 use serde::Serialize;
 use sqlx::PgPool;
 
-use super::{ProjectArg, Wake, did_you_mean, known_topic};
+use super::{PAUSE_A_NEW_TOPIC, ProjectArg, Unknown, Wake, did_you_mean, known_topic};
 
 /// `pause` options.
 #[derive(Debug, Clone, clap::Args)]
@@ -31,6 +33,8 @@ pub struct PauseArgs {
     pub new_topic: bool,
     #[command(flatten)]
     pub why: Why,
+    #[command(flatten)]
+    pub confirm: Confirm,
 }
 
 /// `resume` options.
@@ -44,6 +48,8 @@ pub struct ResumeArgs {
     pub project: ProjectArg,
     #[command(flatten)]
     pub why: Why,
+    #[command(flatten)]
+    pub confirm: Confirm,
     #[command(flatten)]
     pub wake: Wake,
 }
@@ -59,20 +65,39 @@ pub struct Change {
     new_topic: bool,
     /// Resume: the channel to notify.
     notify_channel: Option<String>,
+    /// Made and rolled back: what it would do.
+    dry_run: bool,
 }
 
 impl Change {
     /// A change of `given`, `done` ("paused", "resumed") for the reason `why` gives.
-    fn new(given: &str, project: &ProjectArg, why: &Why, done: &str) -> Result<Self, OpsError> {
+    fn new(
+        given: &str,
+        project: &ProjectArg,
+        why: &Why,
+        confirm: &Confirm,
+        done: &str,
+    ) -> Result<Self, OpsError> {
         Ok(Self {
             given: given.to_owned(),
             project: project.clone(),
-            who: why.check(&format!(
-                "say why the topic is {done} (it goes to the audit trail)"
-            ))?,
+            who: why.check(
+                &format!("say why the topic is {done} (it goes to the audit trail)"),
+                confirm.dry_run,
+            )?,
             new_topic: false,
             notify_channel: None,
+            dry_run: confirm.dry_run,
         })
+    }
+
+    /// `done` ("paused") or, in a dry run, "would be paused".
+    fn says(&self, done: &str) -> String {
+        if self.dry_run {
+            format!("would be {done} (dry run: nothing changed)")
+        } else {
+            done.to_owned()
+        }
     }
 }
 
@@ -83,13 +108,21 @@ struct Report {
     topic: String,
     changed: bool,
     audit_id: Option<i64>,
+    dry_run: bool,
 }
 
 impl Command for PauseArgs {
     type Checked = Change;
 
     fn check(&self, _now: DateTime<Utc>) -> Result<Change, OpsError> {
-        Change::new(&self.topic, &self.project, &self.why, "paused").map(|c| Change {
+        Change::new(
+            &self.topic,
+            &self.project,
+            &self.why,
+            &self.confirm,
+            "paused",
+        )
+        .map(|c| Change {
             new_topic: self.new_topic,
             ..c
         })
@@ -97,19 +130,24 @@ impl Command for PauseArgs {
 
     async fn run(c: Change, pool: &PgPool) -> Result<Output, OpsError> {
         let mut tx = pool.begin().await?;
-        let topic = known_topic(&mut tx, &c.project, &c.given, c.new_topic).await?;
-        let changed = pause::pause(&mut tx, &topic, c.who.actor.as_deref(), &c.who.reason).await?;
-        let audit_id = record(&mut tx, changed, "pause", &topic, &c.who).await?;
-        tx.commit().await?;
-        let text = match audit_id {
-            Some(id) => format!(
-                "{}: paused (audit entry {id}). No claim takes its messages from now on; they \
-                 accumulate until `dispatcher resume`.\n",
-                topic
-            ),
-            None => format!("{}: already paused; nothing changed.\n", topic),
+        let unknown = if c.new_topic {
+            Unknown::Allow
+        } else {
+            Unknown::Refuse(PAUSE_A_NEW_TOPIC)
         };
-        report(text, "pause", topic, audit_id)
+        let topic = known_topic(&mut tx, &c.project, &c.given, unknown).await?;
+        let changed = pause::pause(&mut tx, &topic, c.who.actor.as_deref(), &c.who.reason).await?;
+        let audit_id = record(&mut tx, changed, "pause", &topic, &c).await?;
+        finish(tx, c.dry_run).await?;
+        let text = match (changed, audit_id) {
+            (true, Some(id)) => format!(
+                "{topic}: paused (audit entry {id}). No claim takes its messages from now on; they \
+                 accumulate until `dispatcher resume`.\n"
+            ),
+            (true, None) => format!("{topic}: {}.\n", c.says("paused")),
+            (false, _) => format!("{topic}: already paused; nothing changed.\n"),
+        };
+        report(text, "pause", topic, changed, audit_id, c.dry_run)
     }
 }
 
@@ -117,7 +155,14 @@ impl Command for ResumeArgs {
     type Checked = Change;
 
     fn check(&self, _now: DateTime<Utc>) -> Result<Change, OpsError> {
-        Change::new(&self.topic, &self.project, &self.why, "resumed").map(|c| Change {
+        Change::new(
+            &self.topic,
+            &self.project,
+            &self.why,
+            &self.confirm,
+            "resumed",
+        )
+        .map(|c| Change {
             notify_channel: Some(self.wake.notify_channel.clone()),
             ..c
         })
@@ -125,9 +170,9 @@ impl Command for ResumeArgs {
 
     async fn run(c: Change, pool: &PgPool) -> Result<Output, OpsError> {
         let mut tx = pool.begin().await?;
-        let topic = known_topic(&mut tx, &c.project, &c.given, true).await?;
+        let topic = known_topic(&mut tx, &c.project, &c.given, Unknown::Allow).await?;
         let changed = pause::resume(&mut tx, &topic).await?;
-        let audit_id = record(&mut tx, changed, "resume", &topic, &c.who).await?;
+        let audit_id = record(&mut tx, changed, "resume", &topic, &c).await?;
         if let (true, Some(channel)) = (changed, &c.notify_channel) {
             notify::notify(&mut tx, channel).await?;
         }
@@ -136,45 +181,55 @@ impl Command for ResumeArgs {
         } else {
             pause::topics(&mut tx).await?
         };
-        tx.commit().await?;
-        match audit_id {
-            Some(id) => report(
-                format!(
-                    "{}: resumed (audit entry {id}); the dispatchers were woken.\n",
-                    topic
-                ),
+        finish(tx, c.dry_run).await?;
+        match (changed, audit_id) {
+            (true, Some(id)) => report(
+                format!("{topic}: resumed (audit entry {id}); the dispatchers were woken.\n"),
                 "resume",
                 topic,
+                true,
                 audit_id,
+                false,
             ),
-            None => {
+            (true, None) => report(
+                format!("{topic}: {}.\n", c.says("resumed")),
+                "resume",
+                topic,
+                true,
+                None,
+                true,
+            ),
+            (false, _) => {
                 let hint = if paused.is_empty() {
                     "no topic is paused".to_owned()
                 } else {
                     did_you_mean(&topic, &paused)
                 };
                 report(
-                    format!("{}: not paused ({hint}); nothing changed.\n", topic),
+                    format!("{topic}: not paused ({hint}); nothing changed.\n"),
                     "resume",
                     topic,
+                    false,
                     None,
+                    c.dry_run,
                 )
             }
         }
     }
 }
 
-/// Writes the audit row of a change that happened.
+/// Writes the audit row of a change that happened (none in a dry run).
 async fn record(
     tx: &mut sqlx::PgConnection,
     changed: bool,
     action: &'static str,
     topic: &str,
-    who: &Actor,
+    c: &Change,
 ) -> Result<Option<i64>, OpsError> {
-    if !changed {
+    if !changed || c.dry_run {
         return Ok(None);
     }
+    let who: &Actor = &c.who;
     let entry = Action {
         actor: who.actor.as_deref(),
         action,
@@ -189,9 +244,11 @@ fn report(
     text: String,
     action: &'static str,
     topic: String,
+    changed: bool,
     audit_id: Option<i64>,
+    dry_run: bool,
 ) -> Result<Output, OpsError> {
-    let exit = if audit_id.is_some() {
+    let exit = if changed {
         Exit::Ok
     } else {
         Exit::NothingMatched
@@ -199,8 +256,9 @@ fn report(
     let report = Report {
         action,
         topic,
-        changed: audit_id.is_some(),
+        changed,
         audit_id,
+        dry_run,
     };
     Output::new(text, &report, exit)
 }

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox_runtime::operator::{
-    Actor, Command, Common, Exit, OpsError, Output, Why, execute, output_on, parse_age,
+    Actor, Command, Common, Confirm, Exit, OpsError, Output, Why, execute, finish, output_on,
+    parse_age,
 };
 use outbox_shared::store::audit::{self, Action};
 use outbox_shared::store::replica;
@@ -18,12 +19,11 @@ use super::status::STALE_AFTER;
 /// The replica commands.
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum ReplicasCommand {
-    /// Delete the rows of replicas without a heartbeat for --gone-for (all such, or the ids
-    /// given). A live replica is never pruned. Audited.
-    #[command(
-        after_help = "Examples:\n  dispatcher replicas prune --reason \"pods killed in the node drain\"\n  \
-                      dispatcher replicas prune dispatcher-7d9f-1-1764650000000 --reason \"OOM-killed\""
-    )]
+    /// Delete the rows of replicas without a heartbeat for --gone-for (the ids given, or every
+    /// such replica with --yes). A live replica is never pruned. Audited.
+    #[command(after_help = "Examples:\n  dispatcher replicas prune --dry-run\n  \
+                      dispatcher replicas prune --reason \"pods killed in the node drain\" --yes\n  \
+                      dispatcher replicas prune dispatcher-7d9f-1-1764650000000 --reason \"OOM-killed\"")]
     Prune(PruneArgs),
 }
 
@@ -61,6 +61,8 @@ pub struct PruneArgs {
     pub gone_for: String,
     #[command(flatten)]
     pub why: Why,
+    #[command(flatten)]
+    pub confirm: Confirm,
 }
 
 /// A checked `replicas prune`.
@@ -69,6 +71,7 @@ pub struct Prune {
     ids: Vec<String>,
     gone_for: Duration,
     who: Actor,
+    dry_run: bool,
 }
 
 /// `replicas prune --json`.
@@ -77,6 +80,7 @@ struct Report {
     action: &'static str,
     pruned: Vec<String>,
     audit_id: Option<i64>,
+    dry_run: bool,
 }
 
 impl Command for PruneArgs {
@@ -95,12 +99,17 @@ impl Command for PruneArgs {
                 "replica id {blank:?} is empty: give the ids dispatcher status lists, or none"
             )));
         }
+        // Without ids it prunes every replica gone that long: a selection by filter.
+        self.confirm
+            .check(self.ids.is_empty(), "prune", "replica gone for --gone-for")?;
         Ok(Prune {
             ids: self.ids.clone(),
             gone_for,
-            who: self
-                .why
-                .check("say why the replicas are pruned (it goes to the audit trail)")?,
+            who: self.why.check(
+                "say why the replicas are pruned (it goes to the audit trail)",
+                self.confirm.dry_run,
+            )?,
+            dry_run: self.confirm.dry_run,
         })
     }
 
@@ -108,7 +117,7 @@ impl Command for PruneArgs {
         let mut tx = pool.begin().await?;
         let ids = (!p.ids.is_empty()).then_some(p.ids.as_slice());
         let pruned = replica::prune(&mut tx, p.gone_for.as_secs_f64(), ids).await?;
-        let audit_id = if pruned.is_empty() {
+        let audit_id = if pruned.is_empty() || p.dry_run {
             None
         } else {
             let entry = Action {
@@ -123,17 +132,22 @@ impl Command for PruneArgs {
             };
             Some(audit::record(&mut tx, &entry).await?)
         };
-        tx.commit().await?;
+        finish(tx, p.dry_run).await?;
         let left: Vec<&String> = p.ids.iter().filter(|id| !pruned.contains(id)).collect();
-        let text = match audit_id {
-            Some(id) => format!(
+        let text = match (audit_id, pruned.is_empty()) {
+            (Some(id), _) => format!(
                 "pruned {} replica row(s) (audit entry {id}): {}\n",
                 pruned.len(),
                 pruned.join(", ")
             ),
-            None => format!(
+            (None, false) => format!(
+                "would prune {} replica row(s) (dry run: nothing changed): {}\n",
+                pruned.len(),
+                pruned.join(", ")
+            ),
+            (None, true) => format!(
                 "No replica has been without a heartbeat for {}; nothing pruned.\n",
-                humantime::format_duration(p.gone_for)
+                outbox_runtime::table::duration(p.gone_for.as_secs_f64())
             ),
         };
         let exit = if pruned.is_empty() {
@@ -145,6 +159,7 @@ impl Command for PruneArgs {
             action: "prune",
             pruned: pruned.clone(),
             audit_id,
+            dry_run: p.dry_run,
         };
         let out = Output::new(text, &report, exit)?;
         Ok(if left.is_empty() {

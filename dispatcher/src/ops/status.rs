@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox_runtime::operator::{Command, Common, Exit, OpsError, Output};
-use outbox_runtime::table::Table;
+use outbox_runtime::table::{Table, duration, instant};
 use outbox_shared::store::status::{
-    BlockedKey, LongTransaction, StreamState, TableHealth, TopicState,
+    BlockedKey, BlockedQuery, BlockedTopic, LongTransaction, StreamState, TableHealth, TopicState,
 };
 use outbox_shared::store::{pause, replica, status};
 use serde::Serialize;
@@ -26,6 +26,11 @@ pub struct StatusArgs {
     /// Warn about transactions open longer than this (they hold back vacuum on the outbox).
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     pub long_transaction: Duration,
+    /// List at most this many blocked ordering keys (the first, by topic and key); every topic's
+    /// count is given whatever this is, and `dispatcher dead-letters blocked --topic T` pages
+    /// through the rest.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(i64).range(0..=10_000))]
+    pub blocked_keys: i64,
     #[command(flatten)]
     pub skip_dead_letters: SkipDeadLetters,
 }
@@ -48,7 +53,10 @@ pub struct Status {
     pub now: DateTime<Utc>,
     pub topics: Vec<TopicState>,
     pub paused: Vec<pause::PausedTopic>,
+    /// The first `--blocked-keys` blocked keys, by topic and key (`blocked_topics` counts all).
     pub blocked_keys: Vec<BlockedKey>,
+    /// Per topic: how many keys are blocked, how many messages wait behind them.
+    pub blocked_topics: Vec<BlockedTopic>,
     pub streams: Vec<StreamStatus>,
     pub replicas: Vec<ReplicaStatus>,
     pub long_transactions: Vec<LongTransaction>,
@@ -72,6 +80,7 @@ pub struct StreamStatus {
 #[derive(Debug, Clone)]
 pub struct Settings {
     long_transaction: Duration,
+    blocked_keys: i64,
     skip_dead_letter_topics: Vec<String>,
 }
 
@@ -81,6 +90,7 @@ impl Command for StatusArgs {
     fn check(&self, _now: DateTime<Utc>) -> Result<Settings, OpsError> {
         Ok(Settings {
             long_transaction: self.long_transaction,
+            blocked_keys: self.blocked_keys,
             skip_dead_letter_topics: self.skip_dead_letters.topics.clone(),
         })
     }
@@ -98,7 +108,17 @@ async fn read(args: &Settings, pool: &PgPool) -> Result<Status, OpsError> {
     let (now, replicas) = replica::list(&mut conn).await?;
     let topics = status::topics(&mut conn, now, &args.skip_dead_letter_topics).await?;
     let paused = pause::list(&mut conn).await?;
-    let blocked_keys = status::blocked_keys(&mut conn, &args.skip_dead_letter_topics).await?;
+    let blocked_keys = status::blocked_keys(
+        &mut conn,
+        &BlockedQuery {
+            skip_topics: &args.skip_dead_letter_topics,
+            topic: None,
+            after_key: None,
+            limit: args.blocked_keys,
+        },
+    )
+    .await?;
+    let blocked_topics = status::blocked_topics(&mut conn, &args.skip_dead_letter_topics).await?;
     let streams = status::streams(&mut conn)
         .await?
         .into_iter()
@@ -130,6 +150,7 @@ async fn read(args: &Settings, pool: &PgPool) -> Result<Status, OpsError> {
         topics,
         paused,
         blocked_keys,
+        blocked_topics,
         streams,
         replicas,
         long_transactions,
@@ -140,18 +161,49 @@ async fn read(args: &Settings, pool: &PgPool) -> Result<Status, OpsError> {
     Ok(s)
 }
 
+/// One warning per topic with blocked keys, however many (an incident can block thousands): the
+/// key and its dead letter when there is one, else the count and the first few listed.
+fn blocked_warning(t: &BlockedTopic, listed: &[BlockedKey]) -> String {
+    let first: Vec<&BlockedKey> = listed.iter().filter(|k| k.topic == t.topic).collect();
+    match first.as_slice() {
+        [k] if t.keys == 1 => format!(
+            "ordering key {:?} of {} is blocked by dead letter {} ({} message(s) wait): inspect it \
+             (dispatcher dead-letters show {}), then replay or discard it",
+            k.ordering_key, k.topic, k.dead_letter_id, k.waiting, k.dead_letter_id
+        ),
+        _ => {
+            let examples: Vec<String> = first
+                .iter()
+                .take(3)
+                .map(|k| format!("{:?} (dead letter {})", k.ordering_key, k.dead_letter_id))
+                .collect();
+            format!(
+                "{} ordering keys of {} are blocked by dead letters ({} message(s) wait behind \
+                 them){}: dispatcher dead-letters blocked --topic {} lists them; inspect, then \
+                 replay or discard (by filter: dead-letters replay --topic {} --dry-run)",
+                t.keys,
+                t.topic,
+                t.waiting,
+                if examples.is_empty() {
+                    String::new()
+                } else {
+                    format!(", among them {}", examples.join(", "))
+                },
+                t.topic,
+                t.topic
+            )
+        }
+    }
+}
+
 fn seconds(d: chrono::Duration) -> f64 {
     d.num_milliseconds() as f64 / 1000.0
 }
 
 fn warnings(s: &Status, args: &Settings) -> Vec<String> {
     let mut w = Vec::new();
-    for k in &s.blocked_keys {
-        w.push(format!(
-            "ordering key {:?} of {} is blocked by dead letter {} ({} message(s) wait): inspect it \
-             (dispatcher dead-letters show {}), then replay or discard it",
-            k.ordering_key, k.topic, k.dead_letter_id, k.waiting, k.dead_letter_id
-        ));
+    for t in &s.blocked_topics {
+        w.push(blocked_warning(t, &s.blocked_keys));
     }
     for t in s.topics.iter().filter(|t| t.dead_recent > 0) {
         w.push(format!(
@@ -159,35 +211,66 @@ fn warnings(s: &Status, args: &Settings) -> Vec<String> {
             t.dead_recent, t.topic, t.topic
         ));
     }
+    // Pub/Sub unreachable: one warning per reason (every replica of an outage says the same).
+    let mut unreachable: Vec<(&str, Vec<&str>)> = Vec::new();
+    for r in s
+        .replicas
+        .iter()
+        .filter(|r| r.alive && r.replica.breaker_open)
+    {
+        let reason = r
+            .replica
+            .breaker_reason
+            .as_deref()
+            .unwrap_or("no reason recorded (a replica of an older release: its /readyz says)");
+        match unreachable.iter_mut().find(|(known, _)| *known == reason) {
+            Some((_, ids)) => ids.push(&r.replica.replica_id),
+            None => unreachable.push((reason, vec![&r.replica.replica_id])),
+        }
+    }
+    for (reason, ids) in unreachable {
+        w.push(format!(
+            "Pub/Sub is unreachable from {} replica(s) ({}): {reason}. Their claims are paused and \
+             no attempts are charged; they resume by themselves within a second of Pub/Sub \
+             answering (runbook: \"The backlog is stuck\")",
+            ids.len(),
+            ids.join(", ")
+        ));
+    }
     for r in s.replicas.iter().filter(|r| !r.alive) {
         w.push(format!(
-            "replica {} ({}) has not sent a heartbeat for {:.0} s: it is gone or wedged (its row is \
+            "replica {} ({}) has not sent a heartbeat for {}: it is gone or wedged (its row is \
              forgotten after the replicas' --forget-replicas-after; dispatcher replicas prune \
              --reason … removes it now)",
-            r.replica.replica_id, r.replica.hostname, r.heartbeat_age_seconds
+            r.replica.replica_id,
+            r.replica.hostname,
+            duration(r.heartbeat_age_seconds)
         ));
     }
     for t in &s.long_transactions {
         w.push(format!(
-            "transaction of pid {} ({}, {}) has been open {:.0} s (> {:?}): it holds back vacuum on the outbox",
+            "transaction of pid {} ({}, {}) has been open {} (> {}): it holds back vacuum on the outbox",
             t.pid,
             if t.application_name.is_empty() { "no application name" } else { &t.application_name },
             t.state.as_deref().unwrap_or("unknown state"),
-            t.age_seconds,
-            args.long_transaction
+            duration(t.age_seconds),
+            duration(args.long_transaction.as_secs_f64())
         ));
     }
     let table = &s.outbox_table;
     if table.dead_rows > 100_000 && table.dead_rows > table.live_rows {
         w.push(format!(
-            "pubsub_outbox has {} dead rows for {} live ones: vacuum is behind (a long transaction?)",
+            "pubsub_outbox has {} dead tuples for {} live rows: vacuum is behind (a long transaction?)",
             table.dead_rows, table.live_rows
         ));
     }
     for p in &s.paused {
         w.push(format!(
             "{} is paused since {} by {}: {}",
-            p.topic, p.paused_at, p.paused_by, p.reason
+            p.topic,
+            instant(p.paused_at),
+            p.paused_by,
+            p.reason
         ));
     }
     w
@@ -203,7 +286,7 @@ fn render(s: &Status) -> String {
         }
     }
     out.push_str(&format!(
-        "\noutbox table: {} live rows, {} dead rows, {} MiB\n",
+        "\noutbox table: {} live rows, {} dead tuples (vacuum's backlog), {} MiB\n",
         s.outbox_table.live_rows,
         s.outbox_table.dead_rows,
         s.outbox_table.total_bytes / (1024 * 1024)
@@ -237,8 +320,8 @@ fn topics_table(s: &Status) -> String {
             topic.due_now.to_string(),
             topic.held.to_string(),
             topic.waiting.to_string(),
-            topic.next_due_at.map_or("-".to_owned(), |d| d.to_rfc3339()),
-            format!("{:.1}s", topic.oldest_due_age_seconds),
+            topic.next_due_at.map_or("-".to_owned(), instant),
+            duration(topic.oldest_due_age_seconds),
             format!(
                 "{}/{}/{}",
                 topic.dead_permanent, topic.dead_exhausted, topic.dead_rejected
@@ -266,12 +349,11 @@ fn streams_table(s: &Status) -> Table {
     for st in &s.streams {
         streams.row(vec![
             st.stream.stream.clone(),
-            st.watermark_at.map_or("-".to_owned(), |t| t.to_rfc3339()),
-            st.lag_seconds
-                .map_or("-".to_owned(), |l| format!("{l:.0}s")),
+            st.watermark_at.map_or("-".to_owned(), instant),
+            st.lag_seconds.map_or("-".to_owned(), duration),
             st.stream
                 .last_run_started_at
-                .map_or("-".to_owned(), |t| t.to_rfc3339()),
+                .map_or("-".to_owned(), instant),
             st.stream
                 .last_run_outcome
                 .clone()
@@ -299,8 +381,8 @@ fn replicas_table(s: &Status) -> Table {
         replicas.row(vec![
             r.replica.replica_id.clone(),
             r.replica.hostname.clone(),
-            r.replica.started_at.to_rfc3339(),
-            format!("{:.0}s", r.heartbeat_age_seconds),
+            instant(r.replica.started_at),
+            duration(r.heartbeat_age_seconds),
             if r.replica.breaker_open {
                 "open"
             } else {

@@ -11,7 +11,9 @@
 //! other key `""` (STRING). The next run then re-reads every row at `--to` and after.
 
 use chrono::{DateTime, Utc};
-use outbox_runtime::operator::{Actor, Command, Common, Exit, OpsError, Output, Why, required};
+use outbox_runtime::operator::{
+    Actor, Command, Common, Confirm, Exit, OpsError, Output, Why, finish, required,
+};
 use outbox_shared::store::audit::{self, Action};
 use outbox_shared::store::lookback;
 use outbox_shared::store::watermark::{self, Cursor};
@@ -39,6 +41,8 @@ pub struct RewindArgs {
     pub key: Option<String>,
     #[command(flatten)]
     pub why: Why,
+    #[command(flatten)]
+    pub confirm: Confirm,
 }
 
 /// A checked rewind request (built before connecting).
@@ -52,6 +56,8 @@ pub struct Request {
     pub key: Option<String>,
     /// Who acts and why.
     pub who: Actor,
+    /// Made and rolled back: what it would do.
+    pub dry_run: bool,
 }
 
 impl Command for RewindArgs {
@@ -60,9 +66,10 @@ impl Command for RewindArgs {
     /// Checks the flags (`now` resolves a duration ago).
     fn check(&self, now: DateTime<Utc>) -> Result<Request, OpsError> {
         let stream = required("STREAM", Some(&self.stream), "name the stream to rewind")?;
-        let who = self
-            .why
-            .check("say why the stream is rewound (it goes to the audit trail)")?;
+        let who = self.why.check(
+            "say why the stream is rewound (it goes to the audit trail)",
+            self.confirm.dry_run,
+        )?;
         if self.common.database.pooler.per_transaction() {
             return Err(OpsError::Usage(
                 "--db-pooler transaction: rewind takes the stream's lock (a session advisory \
@@ -77,6 +84,7 @@ impl Command for RewindArgs {
             to_micros: parse_micros("--to", &self.to, now)?,
             key: self.key.clone(),
             who,
+            dry_run: self.confirm.dry_run,
         })
     }
 
@@ -99,6 +107,7 @@ impl Command for RewindArgs {
             previous: PositionView::from(&done.previous),
             watermark: PositionView::from(&done.watermark),
             audit_id: done.audit_id,
+            dry_run: request.dry_run,
             actor: request.who.actor.clone(),
             reason: request.who.reason.clone(),
         };
@@ -115,8 +124,8 @@ pub struct Rewound {
     pub previous: Cursor,
     /// The watermark now: the next run re-reads the rows after it through `previous`.
     pub watermark: Cursor,
-    /// The audit entry written with it.
-    pub audit_id: i64,
+    /// The audit entry written with it (`None`: a dry run, rolled back).
+    pub audit_id: Option<i64>,
     /// A lookback stream: the cursor timestamp of the oldest dedupe key it remembers.
     pub remembers_from: Option<i64>,
 }
@@ -130,8 +139,11 @@ pub struct RewindView {
     pub previous: PositionView,
     /// The watermark now: the next run re-reads the rows after it through `previous`.
     pub watermark: PositionView,
-    /// The audit entry (`pubsub_outbox_audit.id`) written in the same transaction.
-    pub audit_id: i64,
+    /// The audit entry (`pubsub_outbox_audit.id`) written in the same transaction (`null` in a
+    /// dry run).
+    pub audit_id: Option<i64>,
+    /// Whether it was a dry run (made and rolled back: nothing changed).
+    pub dry_run: bool,
     /// Who said they acted (`null`: none was declared; the audit entry names the login).
     pub actor: Option<String>,
     /// Why.
@@ -181,20 +193,24 @@ pub async fn rewind(conn: &mut PgConnection, request: &Request) -> Result<Rewoun
         "key": to.key,
         "previous": { "timestamp": PositionView::from(&previous).timestamp, "key": previous.key },
     });
-    let audit_id = audit::record(
-        &mut tx,
-        &Action {
+    let audit_id = if request.dry_run {
+        None
+    } else {
+        let entry = Action {
             actor: request.who.actor.as_deref(),
             action: "rewind",
             selector,
             row_ids: &[],
             reason: &request.who.reason,
-        },
-    )
-    .await?;
+        };
+        Some(audit::record(&mut tx, &entry).await?)
+    };
     let remembers_from = lookback::oldest(&mut tx, stream).await?;
-    tx.commit().await.map_err(outbox_shared::Error::commit)?;
-    tracing::info!(stream, audit_id, from = %PositionView::from(&previous), to = %PositionView::from(&to), "Rewound the stream's watermark.");
+    // A dry run rolls the rewind back: what it reports is exactly what the rewind would do.
+    finish(tx, request.dry_run).await?;
+    if !request.dry_run {
+        tracing::info!(stream, audit_id, from = %PositionView::from(&previous), to = %PositionView::from(&to), "Rewound the stream's watermark.");
+    }
     Ok(Rewound {
         stream: stream.to_owned(),
         previous,
@@ -250,18 +266,33 @@ fn render(done: &Rewound, request: &Request) -> String {
         PositionView::from(&done.previous),
         PositionView::from(&done.watermark),
     );
-    let span = humantime::format_duration(std::time::Duration::from_micros(
-        u64::try_from(done.previous.micros - done.watermark.micros).unwrap_or(0),
-    ));
+    let span = outbox_runtime::table::duration(
+        (done.previous.micros - done.watermark.micros) as f64 / 1_000_000.0,
+    );
+    let actor = request.who.actor.as_deref().unwrap_or("the database login");
+    let (head, now) = match done.audit_id {
+        Some(id) => (
+            format!(
+                "Rewound stream '{}' (audit entry {id}, by {actor}).",
+                done.stream
+            ),
+            "now ",
+        ),
+        None => (
+            format!(
+                "Dry run: stream '{}' would be rewound (nothing changed; --reason and no \
+                 --dry-run to do it).",
+                done.stream
+            ),
+            "would be",
+        ),
+    };
     format!(
-        "Rewound stream '{stream}' (audit entry {id}, by {actor}).\n\
+        "{head}\n\
          \x20 watermark was  {from}\n\
-         \x20 watermark now  {to}\n\
+         \x20 watermark {now} {to}\n\
          The next run re-reads the rows after {to} through {from} ({span}), then what is new.\n\
          {again}\n",
-        stream = done.stream,
-        id = done.audit_id,
-        actor = request.who.actor.as_deref().unwrap_or("the database login"),
         again = enqueued_again(done),
     )
 }
@@ -307,6 +338,7 @@ mod tests {
                 reason: "test".into(),
                 actor: Some("tester".into()),
             },
+            dry_run: false,
         }
     }
 

@@ -213,6 +213,12 @@ pub enum MigrateError {
     Migrate(#[from] outbox_shared::Error),
 }
 
+impl crate::exit::Failure for ConnectError {
+    fn is_configuration(&self) -> bool {
+        ConnectError::is_configuration(self)
+    }
+}
+
 impl crate::exit::Failure for MigrateError {
     fn is_configuration(&self) -> bool {
         match self {

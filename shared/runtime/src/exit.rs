@@ -53,12 +53,6 @@ pub trait Failure: std::error::Error + 'static {
     }
 }
 
-impl Failure for crate::db::ConnectError {
-    fn is_configuration(&self) -> bool {
-        crate::db::ConnectError::is_configuration(self)
-    }
-}
-
 impl Failure for outbox_shared::Error {
     fn is_configuration(&self) -> bool {
         outbox_shared::Error::is_configuration(self)
@@ -69,13 +63,23 @@ impl Failure for outbox_shared::Error {
 /// Logging reads; nothing else is printed), in text mode one `error: …` line on stderr. `what`
 /// says what failed, e.g. "The dispatcher failed". Returns the exit code.
 pub fn fail(format: LogFormat, what: &str, error: &dyn Failure) -> Exit {
-    let message = describe(error);
-    let exit = error.exit();
+    report(format, what, &describe(error), error.exit())
+}
+
+/// Reports `message` (an error already described, each cause once) as [`fail`] does, ending
+/// with `exit`: the one way both binaries and every command say their last word.
+pub fn report(format: LogFormat, what: &str, message: &str, exit: Exit) -> Exit {
     match format {
         LogFormat::Json => {
             tracing::error!(error = message, exit_code = exit.code(), "{what}.");
         }
-        LogFormat::Text => eprintln!("error: {message}"),
+        LogFormat::Text => {
+            // A closed stderr is ignored (there is nowhere left to say it).
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr().lock(),
+                format!("error: {message}\n").as_bytes(),
+            );
+        }
     }
     exit
 }

@@ -48,8 +48,10 @@ fn log_filter(s: &str) -> Result<String, String> {
 /// can call it freely.
 pub fn init(args: &TelemetryArgs) {
     let filter = EnvFilter::try_new(&args.log_filter).unwrap_or_else(|_| EnvFilter::new("info"));
-    // Colour only for a person at a terminal: a file, a pipe or a log collector gets plain text.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    // Colour only for a person at a terminal (a file, a pipe or a log collector gets plain text),
+    // and never under NO_COLOR (no-color.org: set and not empty).
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(ansi)

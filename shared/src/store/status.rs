@@ -111,28 +111,105 @@ pub struct BlockedKey {
     pub waiting: i64,
 }
 
-/// Keys with a dead letter, except on topics in `skip_topics` (which skip dead letters).
+/// The ordering keys of one topic a dead letter holds back, counted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct BlockedTopic {
+    /// Full topic name.
+    pub topic: String,
+    /// How many of its ordering keys are blocked.
+    pub keys: i64,
+    /// Messages waiting behind those keys' dead letters.
+    pub waiting: i64,
+}
+
+/// Which blocked keys to list: those of `topic` (all topics when `None`) after `after_key`, in
+/// (topic, key) order, at most `limit`, except on topics in `skip_topics` (which skip dead
+/// letters). A page of an incident's thousands.
+#[derive(Debug, Clone, Copy)]
+pub struct BlockedQuery<'a> {
+    /// Topics whose dead letters block nothing (`--ordering-skip-dead-letters`).
+    pub skip_topics: &'a [String],
+    /// One topic, or all.
+    pub topic: Option<&'a str>,
+    /// The page starts after this key (with `topic`).
+    pub after_key: Option<&'a str>,
+    /// The most keys to list.
+    pub limit: i64,
+}
+
+// One row per blocked key: the oldest dead letter holding it and the messages behind it.
+const BLOCKED_KEYS: &str = "SELECT d.topic, d.ordering_key, min(d.id) AS dead_letter_id,
+        (SELECT count(*) FROM pubsub_outbox o
+         WHERE o.topic = d.topic AND o.ordering_key = d.ordering_key
+           AND o.published_at IS NULL
+           AND o.id > min(COALESCE(d.outbox_id, 0))) AS waiting
+ FROM pubsub_outbox_dead_letter d
+ WHERE d.ordering_key IS NOT NULL AND NOT (d.topic = ANY($1))";
+
+/// A page of the keys with a dead letter ([`BlockedQuery`]).
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn blocked_keys(
     conn: &mut PgConnection,
-    skip_topics: &[String],
+    q: &BlockedQuery<'_>,
 ) -> Result<Vec<BlockedKey>> {
-    sqlx::query_as(
-        "SELECT d.topic, d.ordering_key, min(d.id) AS dead_letter_id,
-                (SELECT count(*) FROM pubsub_outbox o
-                 WHERE o.topic = d.topic AND o.ordering_key = d.ordering_key
-                   AND o.published_at IS NULL
-                   AND o.id > min(COALESCE(d.outbox_id, 0))) AS waiting
-         FROM pubsub_outbox_dead_letter d
-         WHERE d.ordering_key IS NOT NULL AND NOT (d.topic = ANY($1))
+    sqlx::query_as(&format!(
+        "{BLOCKED_KEYS}
+           AND ($2::text IS NULL OR d.topic = $2)
+           AND ($3::text IS NULL OR d.ordering_key > $3)
          GROUP BY d.topic, d.ordering_key
-         ORDER BY d.topic, d.ordering_key",
-    )
+         ORDER BY d.topic, d.ordering_key
+         LIMIT $4"
+    ))
+    .persistent(crate::store::named_statements())
+    .bind(q.skip_topics)
+    .bind(q.topic)
+    .bind(q.after_key)
+    .bind(q.limit)
+    .fetch_all(&mut *conn)
+    .await
+    .context("listing ordering keys blocked by dead letters")
+}
+
+/// Per topic, how many keys a dead letter blocks and how many messages wait behind them, except
+/// on topics in `skip_topics`: what an incident with thousands of blocked keys is summed up by.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn blocked_topics(
+    conn: &mut PgConnection,
+    skip_topics: &[String],
+) -> Result<Vec<BlockedTopic>> {
+    sqlx::query_as(&format!(
+        "SELECT k.topic, count(*) AS keys, COALESCE(sum(k.waiting), 0)::bigint AS waiting
+         FROM ({BLOCKED_KEYS} GROUP BY d.topic, d.ordering_key) k
+         GROUP BY k.topic
+         ORDER BY k.topic"
+    ))
     .persistent(crate::store::named_statements())
     .bind(skip_topics)
     .fetch_all(&mut *conn)
     .await
-    .context("listing ordering keys blocked by dead letters")
+    .context("counting ordering keys blocked by dead letters per topic")
+}
+
+/// Who a session is: its login and whether it is a superuser.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Login {
+    /// `session_user`.
+    pub name: String,
+    /// Whether it has PostgreSQL's superuser attribute.
+    pub superuser: bool,
+}
+
+/// The session's login (a tool that acts with its login's rights says when they are a
+/// superuser's).
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn login(conn: &mut PgConnection) -> Result<Login> {
+    sqlx::query_as(
+        "SELECT session_user::text AS name, current_setting('is_superuser') = 'on' AS superuser",
+    )
+    .persistent(crate::store::named_statements())
+    .fetch_one(&mut *conn)
+    .await
+    .context("reading the session's login")
 }
 
 /// A producer stream: its watermark and last run.

@@ -453,16 +453,35 @@ async fn a_killed_replicas_row_is_forgotten_and_replicas_prune_removes_one_at_on
         &["replicas", "prune", "--gone-for", "5s", "--reason", "x"],
     );
     assert_eq!(code, 2, "{err}");
+    // Every replica gone that long is a selection by filter: a dry run shows it, --yes does it.
+    let (code, _, err) = dispatcher(&db, &["replicas", "prune", "--reason", "node drained"]);
+    assert_eq!(code, 2, "by filter without --yes: {err}");
+    assert!(err.contains("--yes"), "{err}");
+    let dry = json(&db, &["replicas", "prune", "--dry-run", "--json"]);
+    assert_eq!(
+        dry["pruned"],
+        serde_json::json!(["killed-just-now"]),
+        "{dry}"
+    );
+    assert_eq!(dry["dry_run"], true);
+    assert!(dry["audit_id"].is_null(), "a dry run audits nothing: {dry}");
     let pruned = json(
         &db,
-        &["replicas", "prune", "--reason", "node drained", "--json"],
+        &[
+            "replicas",
+            "prune",
+            "--reason",
+            "node drained",
+            "--yes",
+            "--json",
+        ],
     );
     assert_eq!(
         pruned["pruned"],
         serde_json::json!(["killed-just-now"]),
         "{pruned}"
     );
-    let (code, _, _) = dispatcher(&db, &["replicas", "prune", "--reason", "again"]);
+    let (code, _, _) = dispatcher(&db, &["replicas", "prune", "--reason", "again", "--yes"]);
     assert_eq!(code, 3, "nothing left to prune");
     let audit = json(&db, &["audit", "--action", "prune", "--json"]);
     assert_eq!(audit.as_array().map(Vec::len), Some(1), "{audit}");

@@ -170,6 +170,11 @@ async fn a_message_the_schema_refuses_is_isolated_and_only_it_is_dead_lettered()
         isolations >= 1.0,
         "the isolation metric counts it:\n{metrics}"
     );
+    // 24 messages went in requests Pub/Sub refused whole; 2 of them were refused on their own.
+    assert!(
+        metrics.contains("outbox_publish_failures_total{kind=\"permanent\"} 2\n"),
+        "permanent failures count the refused messages, not the messages of a refused request:\n{metrics}"
+    );
 }
 
 #[tokio::test]

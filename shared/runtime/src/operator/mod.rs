@@ -63,9 +63,14 @@ pub struct Actor {
 }
 
 impl Why {
-    /// The reason (required: `what` says what it is for) and the actor.
-    pub fn check(&self, what: &str) -> Result<Actor, OpsError> {
-        let reason = required("--reason", self.reason.as_deref(), what)?;
+    /// The reason (required for a change: `what` says what it is for; a dry run changes and
+    /// audits nothing, so it needs none) and the actor.
+    pub fn check(&self, what: &str, dry_run: bool) -> Result<Actor, OpsError> {
+        let reason = match self.reason.as_deref().map(str::trim) {
+            // Rolled back: the change's rules (a reason is never empty) still hold in it.
+            Some("") | None if dry_run => "(dry run)",
+            _ => required("--reason", self.reason.as_deref(), what)?,
+        };
         Ok(Actor {
             reason: reason.to_owned(),
             actor: actor(self.actor.as_deref()),
@@ -73,13 +78,16 @@ impl Why {
     }
 }
 
-/// How a change selected by a filter is confirmed.
+/// How a change is confirmed: every change of both binaries takes these. `--dry-run` makes the
+/// change in a transaction that is rolled back ([`finish`]), so it shows exactly what the change
+/// would do (the same statements, the same rows skipped), and writes, audits and wakes nothing.
+/// A change selected by a filter (rather than by names or ids) also needs `--yes`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Confirm {
-    /// Confirm a change selected by a filter (not needed for a list of ids).
+    /// Confirm a change selected by a filter (not needed for ids or names).
     #[arg(long)]
     pub yes: bool,
-    /// Show exactly what would change; change nothing.
+    /// Show exactly what would change (the change is made and rolled back); change nothing.
     #[arg(long)]
     pub dry_run: bool,
 }
@@ -95,6 +103,20 @@ impl Confirm {
         }
         Ok(())
     }
+}
+
+/// Ends a change's transaction: committed, or rolled back for a dry run (what it did is then
+/// what the change would do).
+pub async fn finish(
+    tx: sqlx::Transaction<'_, sqlx::Postgres>,
+    dry_run: bool,
+) -> Result<(), OpsError> {
+    if dry_run {
+        tx.rollback().await?;
+    } else {
+        tx.commit().await?;
+    }
+    Ok(())
 }
 
 /// A required, non-empty text flag, trimmed; `why` completes "X is required: …".
@@ -173,6 +195,14 @@ pub trait Command {
 /// the output its own way (the dispatcher's console).
 pub async fn output_on<C: Command>(command: &C, pool: &PgPool) -> Result<Output, OpsError> {
     let checked = command.check(Utc::now())?;
+    run_checked::<C>(checked, pool).await
+}
+
+/// Runs a checked request once the schema has every migration of this release (an operator
+/// command on a schema behind its binary would fail on a missing table or column, or act on half
+/// of what it means to: it stops with exit 2 and what to run instead).
+async fn run_checked<C: Command>(checked: C::Checked, pool: &PgPool) -> Result<Output, OpsError> {
+    outbox_shared::db::ensure_schema(pool).await?;
     C::run(checked, pool).await
 }
 
@@ -182,17 +212,19 @@ pub async fn execute<C: Command>(command: &C, common: &Common, application_name:
     let outcome = async {
         let checked = command.check(Utc::now())?;
         let pool = crate::db::connect(&common.database, application_name).await?;
-        let output = C::run(checked, &pool).await;
+        let output = run_checked::<C>(checked, &pool).await;
         pool.close().await;
         output
     }
     .await;
     match outcome {
         Ok(output) => output.print(common.json),
-        Err(e) => {
-            output::error_line(&format!("error: {}", describe(&e)));
-            e.exit()
-        }
+        Err(e) => crate::exit::report(
+            common.telemetry.log_format,
+            "The operator command failed",
+            &describe(&e),
+            e.exit(),
+        ),
     }
 }
 
@@ -211,6 +243,20 @@ mod tests {
             assert_eq!(e.exit(), Exit::Usage);
             assert!(e.to_string().starts_with("--reason is"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_dry_run_needs_no_reason_and_a_change_does() {
+        let why = Why {
+            reason: None,
+            actor: Some("alice".into()),
+        };
+        assert!(why.check("say why", false).is_err());
+        let dry = why
+            .check("say why", true)
+            .expect("a dry run needs no reason");
+        assert_eq!(dry.reason, "(dry run)");
+        assert_eq!(dry.actor.as_deref(), Some("alice"));
     }
 
     #[test]

@@ -262,9 +262,9 @@ async fn status_warnings(bin: &Path, database_url: &str) -> Result<Vec<&'static 
                 } else {
                     "long_tx(other)"
                 }
-            } else if w.contains("dead rows") {
+            } else if w.contains("dead tuples") {
                 "dead_rows"
-            } else if w.contains("is blocked by") {
+            } else if w.contains("blocked by") {
                 "blocked_key"
             } else if w.contains("dead-lettered") {
                 "dead_lettered"
