@@ -6,8 +6,14 @@ back from the emulator's ordered subscription) -> the audit trail shows the repl
 identity. A screenshot of each step goes to the output folder. Exits non-zero on the first
 thing that is not as it should be.
 
+With --scale (an incident: thousands of keys blocked, a large backlog, seeded by the caller) it
+loads the overview in the browser several times and measures what a person waits for: the
+page's size and the browser's load time (navigation start to the load event), each printed; it
+fails when the median load takes longer than MAX_SECONDS or the page grew past MAX_KIB.
+
 Usage: console_check.py CONSOLE_URL PUBSUB_API SUBSCRIPTION KEY IDENTITY OUT_DIR EXPECTED...
   EXPECTED: the key's dedupe keys in the order they must arrive.
+       console_check.py --scale CONSOLE_URL OUT_DIR BLOCKED_KEYS MAX_SECONDS MAX_KIB
 """
 
 import base64
@@ -60,9 +66,8 @@ def pull(api, subscription, want, timeout):
     return got
 
 
-def main():
-    url, api, subscription, key, identity, out = sys.argv[1:7]
-    expected = sys.argv[7:]
+def chromium():
+    """Headless Chromium as this machine runs it (no background networking)."""
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"
     for flag in [
@@ -83,6 +88,49 @@ def main():
     # A click on a form's button returns before the next page has loaded: each lookup waits
     # (up to 10 s) for its element to appear rather than reading the page being left.
     browser.implicitly_wait(10)
+    return browser
+
+
+def scale(url, out, blocked_keys, max_seconds, max_kib):
+    """The overview at incident scale, in the browser: size and load time, five loads."""
+    browser = chromium()
+    try:
+        loads, size = [], 0
+        for n in range(6):
+            browser.get(url + "/")
+            timing = browser.execute_script(
+                "const t = performance.getEntriesByType('navigation')[0];"
+                "return [t.loadEventEnd - t.startTime, t.transferSize, t.decodedBodySize];"
+            )
+            text = browser.find_element(By.ID, "blocked-keys").text
+            if str(blocked_keys) not in text:
+                fail(f"the overview does not count the {blocked_keys} blocked keys: {text[:300]!r}")
+            if n == 0:
+                continue  # the first load may find the status not yet read at this scale
+            loads.append(timing[0] / 1000.0)
+            size = timing[2]
+        browser.save_screenshot(f"{out}/scale-overview.png")
+        loads.sort()
+        median = loads[len(loads) // 2]
+        print(
+            f"console-check: overview at {blocked_keys} blocked keys: {size / 1024:.1f} KiB, "
+            f"browser load {median:.3f} s median ({', '.join(f'{x:.3f}' for x in loads)})"
+        )
+        if size > max_kib * 1024:
+            fail(f"the overview is {size / 1024:.1f} KiB, over {max_kib} KiB")
+        if median > max_seconds:
+            fail(f"the overview takes {median:.3f} s to load in the browser, over {max_seconds} s")
+    finally:
+        browser.quit()
+
+
+def main():
+    if sys.argv[1] == "--scale":
+        url, out, blocked, max_seconds, max_kib = sys.argv[2:7]
+        return scale(url, out, int(blocked), float(max_seconds), float(max_kib))
+    url, api, subscription, key, identity, out = sys.argv[1:7]
+    expected = sys.argv[7:]
+    browser = chromium()
     shots = 0
 
     def shot(name):

@@ -408,7 +408,8 @@ impl HttpResponse {
     }
 }
 
-/// `method path` over plain HTTP/1.0 with `headers` and `body` (a form when not empty).
+/// `method path` over plain HTTP/1.0 with `headers` (`Host: addr` unless they name one) and
+/// `body` (a form when not empty).
 pub async fn http_request(
     addr: &str,
     method: &str,
@@ -420,7 +421,11 @@ pub async fn http_request(
     let mut s = tokio::net::TcpStream::connect(addr)
         .await
         .expect("connect to the HTTP endpoint");
-    let mut request = format!("{method} {path} HTTP/1.0\r\nHost: {addr}\r\n");
+    // The address as the Host, unless the caller sends one of its own.
+    let mut request = format!("{method} {path} HTTP/1.0\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        request.push_str(&format!("Host: {addr}\r\n"));
+    }
     for (k, v) in headers {
         request.push_str(&format!("{k}: {v}\r\n"));
     }

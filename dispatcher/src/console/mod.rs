@@ -8,13 +8,17 @@
 //! One source of truth: every query and action is an operator command of this binary
 //! ([`crate::ops`]), parsed from the CLI's own flags and run on the console's pool.
 //!
-//! Security: loopback only in local mode; behind Identity-Aware Proxy every request needs the
+//! Security: loopback only in local mode, where a request must also name a loopback host
+//! (`127.0.0.1`, `[::1]` or `localhost`: a page served under another name that resolves to
+//! 127.0.0.1, DNS rebinding, is refused before anything renders); behind Identity-Aware Proxy every request needs the
 //! proxy's signed assertion ([`auth`]); every change needs the identity's CSRF token and a
 //! same-origin request ([`csrf`]); no payload beyond the safe preview; a strict
 //! Content-Security-Policy and no external asset or script ([`html`]).
 
 mod auth;
+mod blocked;
 mod csrf;
+mod fields;
 mod html;
 mod pages;
 mod samples;
@@ -68,10 +72,12 @@ pub struct ConsoleArgs {
     /// its email).
     #[arg(long, env = "OUTBOX_CONSOLE_AUTH", value_enum, default_value = "local")]
     pub auth: AuthMode,
-    /// IAP: the audience the proxy signs for, /projects/PROJECT_NUMBER/global/backendServices/SERVICE_ID.
+    /// IAP: the audience the proxy signs for, /projects/PROJECT_NUMBER/global/backendServices/SERVICE_ID
+    /// (both numbers: checked at start, exit 2 otherwise).
     #[arg(long, env = "OUTBOX_CONSOLE_IAP_AUDIENCE")]
     pub iap_audience: Option<String>,
-    /// IAP: where Google publishes the proxy's public keys.
+    /// IAP: where Google publishes the proxy's public keys (fetched on first use and once an
+    /// hour; again when an assertion names a key not in the set, at most every 30 s).
     #[arg(
         long,
         env = "OUTBOX_CONSOLE_IAP_KEYS_URL",
@@ -122,18 +128,51 @@ impl ConsoleArgs {
                  address (127.0.0.1:8080); behind Identity-Aware Proxy use --auth iap",
                 self.listen_addr
             )),
-            AuthMode::Iap if self.iap_audience.as_deref().is_none_or(str::is_empty) => Err(
-                "--auth iap needs --iap-audience (OUTBOX_CONSOLE_IAP_AUDIENCE): \
-                 /projects/PROJECT_NUMBER/global/backendServices/SERVICE_ID, the backend \
-                 service IAP protects"
-                    .into(),
-            ),
+            AuthMode::Iap if !self.iap_audience.as_deref().is_some_and(is_iap_audience) => {
+                Err(format!(
+                    "--auth iap needs --iap-audience (OUTBOX_CONSOLE_IAP_AUDIENCE) as \
+                     /projects/PROJECT_NUMBER/global/backendServices/SERVICE_ID, both numbers \
+                     (got {:?}): the backend service IAP protects, `gcloud compute \
+                     backend-services describe NAME --global --format='value(id)'` and the \
+                     project's number (deploy/README.md, \"The console\")",
+                    self.iap_audience.as_deref().unwrap_or("")
+                ))
+            }
             _ if self.sample_interval < Duration::from_secs(1) => {
                 Err("--sample-interval must be at least 1s".into())
             }
             _ => Ok(()),
         }
     }
+}
+
+/// Whether `aud` is an IAP audience of a backend service: `/projects/N/global/backendServices/M`
+/// with N and M numbers (what IAP signs for; a placeholder such as PROJECT_NUMBER never matches).
+pub fn is_iap_audience(aud: &str) -> bool {
+    let numeric = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    aud.strip_prefix("/projects/")
+        .and_then(|rest| rest.split_once("/global/backendServices/"))
+        .is_some_and(|(project, service)| numeric(project) && numeric(service))
+}
+
+/// Whether the `Host` of a request names this machine's loopback (`127.0.0.1`, `[::1]`,
+/// `localhost`, with any port): in local mode nothing else is served, so a page an attacker
+/// serves under a name that resolves to 127.0.0.1 (DNS rebinding) reads and posts nothing.
+pub fn is_loopback_host(headers: &HeaderMap) -> bool {
+    let Some(host) = headers
+        .get(axum::http::header::HOST)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let name = match host.rsplit_once(':') {
+        // IPv6 literals keep their brackets; a colon inside them is not a port.
+        Some((name, port)) if !port.contains(']') && port.bytes().all(|b| b.is_ascii_digit()) => {
+            name
+        }
+        _ => host,
+    };
+    name == "127.0.0.1" || name == "[::1]" || name.eq_ignore_ascii_case("localhost")
 }
 
 impl Console {
@@ -181,7 +220,7 @@ impl Console {
         who: &str,
         headers: &HeaderMap,
         body: &str,
-    ) -> Result<(pages::Fields, Vec<String>), Box<Response>> {
+    ) -> Result<(fields::Fields, Vec<String>), Box<Response>> {
         if !self.actions {
             return Err(Box::new(html::problem(
                 StatusCode::FORBIDDEN,
@@ -189,7 +228,7 @@ impl Console {
                 "this console only reads: start it with --actions to pause, resume, replay or discard",
             )));
         }
-        let mut fields = pages::Fields::new();
+        let mut fields = fields::Fields::new();
         let mut ids = Vec::new();
         for (k, v) in form_urlencoded::parse(body.as_bytes()) {
             if k == "id" {
@@ -199,13 +238,21 @@ impl Console {
             }
         }
         let token = fields.get("csrf").map_or("", String::as_str);
-        if csrf::cross_site(headers) || !self.csrf.check(who, token) {
-            tracing::warn!(identity = %who, "A console change was refused: cross-site, or no valid CSRF token.");
-            return Err(Box::new(html::problem(
-                StatusCode::FORBIDDEN,
-                who,
+        let refused = if csrf::cross_site(headers) {
+            Some(
+                "refused: the request came from another site (its Origin or Sec-Fetch-Site is not \
+                 this console): a change is made only from the console's own pages",
+            )
+        } else if !self.csrf.check(who, token) {
+            Some(
                 "refused: the form's token is missing or not yours (reload the page and try again)",
-            )));
+            )
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            tracing::warn!(identity = %who, refused = why, "A console change was refused.");
+            return Err(Box::new(html::problem(StatusCode::FORBIDDEN, who, why)));
         }
         Ok((fields, ids))
     }
@@ -296,7 +343,7 @@ pub struct Change {
     /// Who asks.
     pub who: String,
     /// The form's fields but the ids.
-    pub fields: pages::Fields,
+    pub fields: fields::Fields,
     /// The form's `id` fields.
     pub ids: Vec<String>,
 }
@@ -338,8 +385,36 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/actions/preview", post(pages::preview))
         .route("/actions/apply", post(pages::apply))
         .route("/console.css", get(stylesheet))
+        .route("/blocked-keys", get(blocked::keys_page))
         .route("/healthz", get(healthz))
+        .layer(axum::middleware::from_fn_with_state(
+            console.clone(),
+            only_loopback_hosts,
+        ))
         .with_state(console)
+}
+
+/// Local mode: refuses a request whose `Host` is not a loopback name before anything renders
+/// ([`is_loopback_host`]). Behind IAP the proxy's assertion decides instead.
+async fn only_loopback_hosts(
+    State(c): State<Arc<Console>>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if matches!(c.auth, auth::Auth::Local { .. }) && !is_loopback_host(request.headers()) {
+        tracing::warn!(
+            host = ?request.headers().get(axum::http::header::HOST),
+            "A console request for another host name was refused (local mode answers to 127.0.0.1, [::1] and localhost only)."
+        );
+        return html::respond(
+            StatusCode::MISDIRECTED_REQUEST,
+            "text/plain; charset=utf-8",
+            "This console (local mode) answers only to http://127.0.0.1, http://[::1] and \
+             http://localhost with its port: a page under another host name cannot use it.\n"
+                .into(),
+        );
+    }
+    next.run(request).await
 }
 
 async fn stylesheet() -> Response {
@@ -399,6 +474,28 @@ async fn refresh_status(console: Arc<Console>, mut shutdown: Shutdown) {
     }
 }
 
+/// The console acts with its login's rights: an operator's (a member of `outbox_operator`, as
+/// deploy/sql/bootstrap.sql makes one). A superuser can do anything the audit trail would not
+/// show: said once at start.
+async fn warn_if_superuser(pool: &PgPool) {
+    let login = async {
+        let mut tx = pool.begin().await.map_err(outbox_shared::Error::begin)?;
+        let login = outbox_shared::store::status::login(&mut tx).await;
+        let _ = tx.rollback().await;
+        login
+    };
+    match login.await {
+        Ok(l) if l.superuser => tracing::warn!(
+            login = %l.name,
+            "The console logs in as a superuser: it acts with more than an operator's rights. \
+             Give it a login that is a member of outbox_operator only (deploy/sql/bootstrap.sql \
+             -v operator=NAME)."
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "Reading the console's login failed."),
+    }
+}
+
 /// Why the console cannot run.
 #[derive(Debug, thiserror::Error)]
 pub enum ConsoleError {
@@ -449,6 +546,7 @@ async fn start_and_serve(args: &ConsoleArgs) -> Result<(), ConsoleError> {
             source,
         })?;
     let addr = listener.local_addr().map_or(args.listen_addr, |a| a);
+    warn_if_superuser(&pool).await;
     let console = Arc::new(Console::new(args, pool));
     tracing::info!(addr = %addr, auth = ?args.auth, actions = args.actions,
         "The console is up: http://{addr}/");

@@ -13,22 +13,11 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::Value;
 
+use super::fields::{Fields, list, text};
 use super::html::{Section, esc, page, problem, table, url};
 use super::svg::chart;
 use super::{Change, Console, Who};
-use crate::cli::{Cli, Command};
-
-/// The query or form fields of a request.
-pub type Fields = HashMap<String, String>;
-
-/// The value of `key` in a JSON object as text (`-` when absent or null).
-fn text(v: &Value, key: &str) -> String {
-    match v.get(key) {
-        None | Some(Value::Null) => "-".to_owned(),
-        Some(Value::String(s)) => s.clone(),
-        Some(other) => other.to_string(),
-    }
-}
+use crate::ops::OpsCommand;
 
 /// Seconds as a short duration (`3.2s`, `4m`, `2h`).
 fn age(seconds: f64) -> String {
@@ -72,7 +61,7 @@ impl Console {
             "--database-url".into(),
             "postgres://console.invalid/".into(),
         ]);
-        let cli = Cli::try_parse_args(argv).map_err(|e| {
+        let op = OpsCommand::try_parse(argv).map_err(|e| {
             e.to_string()
                 .lines()
                 .find(|l| l.starts_with("error:"))
@@ -80,9 +69,6 @@ impl Console {
                 .trim_start_matches("error: ")
                 .to_owned()
         })?;
-        let Command::Ops(op) = cli.command else {
-            return Err("not an operator command".into());
-        };
         op.output(&self.pool)
             .await
             .map_err(|e| outbox_runtime::operator::describe(&e))
@@ -129,14 +115,6 @@ impl Console {
     }
 }
 
-/// The array `key` of `status`'s JSON (empty when absent).
-fn list<'a>(status: &'a Value, key: &str) -> &'a [Value] {
-    status
-        .get(key)
-        .and_then(Value::as_array)
-        .map_or(&[], Vec::as_slice)
-}
-
 /// `/`: queues per topic, blocked keys, replicas, streams, warnings, the last hour's plots.
 pub async fn overview(State(c): State<Arc<Console>>, Who(who): Who) -> Response {
     let (status, age) = match c.status().await {
@@ -150,7 +128,7 @@ pub async fn overview(State(c): State<Arc<Console>>, Who(who): Who) -> Response 
     );
     body.push_str(&warnings_section(&status));
     body.push_str(&c.topics_section(&status, &who));
-    body.push_str(&blocked_section(&status));
+    body.push_str(&super::blocked::section(&status));
     body.push_str(&replicas_section(&status));
     body.push_str(&streams_section(&status));
     body.push_str(&c.plots_section());
@@ -159,6 +137,8 @@ pub async fn overview(State(c): State<Arc<Console>>, Who(who): Who) -> Response 
             "<fieldset><legend>Pause a topic</legend><form method=\"post\" action=\"/actions/preview\">{}\
              <input type=\"hidden\" name=\"action\" value=\"pause\">\
              <label>Topic <input type=\"text\" name=\"topic\"></label> \
+             <label><input type=\"checkbox\" name=\"new_topic\" value=\"yes\"> a topic with no \
+             message here yet</label> \
              <button type=\"submit\">Preview</button></form></fieldset>",
             c.csrf_field(&who)
         ));
@@ -289,27 +269,6 @@ fn section(
 ) -> String {
     let rows: Vec<Vec<String>> = list(status, key).iter().map(row).collect();
     format!("<h2>{title}</h2>{}", table(id, head, &rows))
-}
-
-/// The ordering keys a dead letter holds back.
-fn blocked_section(status: &Value) -> String {
-    section(
-        status,
-        "blocked_keys",
-        ("Blocked ordering keys", "blocked-keys"),
-        &["Topic", "Ordering key", "Dead letter", "Waiting behind it"],
-        |b| {
-            vec![
-                esc(&text(b, "topic")),
-                esc(&text(b, "ordering_key")),
-                format!(
-                    "<a class=\"dead-letter\" href=\"/dead-letters/{0}\">{0}</a>",
-                    esc(&text(b, "dead_letter_id"))
-                ),
-                text(b, "waiting"),
-            ]
-        },
-    )
 }
 
 /// The dispatcher replicas' heartbeats.
@@ -718,7 +677,11 @@ fn change_args(f: &Fields, ids: &[String], who: &str) -> Result<(String, Vec<Str
             let Some(topic) = topic else {
                 return Err("name the topic".into());
             };
-            vec![action.to_owned(), topic.to_owned()]
+            let mut a = vec![action.to_owned(), topic.to_owned()];
+            if action == "pause" && f.get("new_topic").is_some_and(|v| v == "yes") {
+                a.push("--new-topic".into());
+            }
+            a
         }
         other => return Err(format!("unknown action {other:?}")),
     };
@@ -735,33 +698,29 @@ pub async fn preview(State(c): State<Arc<Console>>, change: Change) -> Response 
         ids,
     } = change;
     let reason = f.get("reason").cloned().unwrap_or_default();
-    let (action, mut args) = match change_args(&f, &ids, &who) {
+    let (action, args) = match change_args(&f, &ids, &who) {
         Ok(a) => a,
         Err(e) => return problem(StatusCode::BAD_REQUEST, &who, &e),
     };
     let topic = f.get("topic").map_or("", String::as_str);
-    let (mut body, confirm_ids) = if action == "replay" || action == "discard" {
-        // The dry run needs a reason to pass the same checks as the change.
-        if reason.trim().is_empty() {
-            set_flag(&mut args, "--reason", "(preview)");
-        }
-        match c.dry_run(&action, &args).await {
-            Ok(Some(r)) => r,
-            Ok(None) => {
-                return problem(
-                    StatusCode::NOT_FOUND,
-                    &who,
-                    "no dead letter matches: nothing to do",
-                );
-            }
-            Err(e) => return problem(StatusCode::BAD_REQUEST, &who, &e),
-        }
+    // Every change is previewed by its dry run: the same checks (a topic the database does not
+    // know, ids that are gone) refuse it here, not at the confirmation.
+    let dry = if action == "replay" || action == "discard" {
+        c.dry_run(&action, &args).await
     } else {
-        let line = format!(
-            "<p>{action} topic <strong id=\"topic\">{}</strong>.</p>",
-            esc(topic)
-        );
-        (line, Vec::new())
+        c.dry_run_topic(&action, &args).await
+    };
+    let (mut body, confirm_ids) = match dry {
+        Ok(Some(r)) => r,
+        Ok(None) => {
+            let nothing = match action.as_str() {
+                "pause" => "the topic is paused already: nothing to do",
+                "resume" => "the topic is not paused: nothing to do",
+                _ => "no dead letter matches: nothing to do",
+            };
+            return problem(StatusCode::NOT_FOUND, &who, nothing);
+        }
+        Err(e) => return problem(StatusCode::BAD_REQUEST, &who, &e),
     };
     let mut cli = args.clone();
     set_flag(
@@ -773,19 +732,39 @@ pub async fn preview(State(c): State<Arc<Console>>, change: Change) -> Response 
             &reason
         },
     );
+    if f.get("scope").map(String::as_str) == Some("filter") {
+        cli.push("--yes".into());
+    }
     body.push_str(&format!(
         "<p>The same from the command line: <code>{}</code></p>",
         esc(&cli_line(&cli))
     ));
+    let new_topic = if args.iter().any(|a| a == "--new-topic") {
+        "<input type=\"hidden\" name=\"new_topic\" value=\"yes\">"
+    } else {
+        ""
+    };
     let hidden_ids: String = confirm_ids
         .iter()
         .map(|id| format!("<input type=\"hidden\" name=\"id\" value=\"{}\">", esc(id)))
         .collect();
+    let by_ids = action == "replay" || action == "discard";
+    if by_ids && confirm_ids.is_empty() {
+        // Every selected entry would be left in place: nothing to confirm.
+        body.push_str("<p><a href=\"/\">Overview</a></p>");
+        return page(
+            &format!("Preview: {action}"),
+            &who,
+            Section::Overview,
+            None,
+            &body,
+        );
+    }
     body.push_str(&format!(
         "<form method=\"post\" action=\"/actions/apply\" id=\"confirm\">{}\
          <input type=\"hidden\" name=\"action\" value=\"{}\">\
          <input type=\"hidden\" name=\"scope\" value=\"ids\">{hidden_ids}\
-         <input type=\"hidden\" name=\"topic\" value=\"{}\">\
+         <input type=\"hidden\" name=\"topic\" value=\"{}\">{new_topic}\
          <label>Reason (required, audited) <input type=\"text\" name=\"reason\" id=\"reason\" value=\"{}\" required></label> \
          <button type=\"submit\" id=\"apply\">Confirm: {}</button> <a href=\"/\">Cancel</a></form>",
         c.csrf_field(&who),
@@ -815,6 +794,13 @@ fn set_flag(args: &mut [String], flag: &str, value: &str) {
 }
 
 impl Console {
+    /// The JSON of the change `args` made as a dry run (made, then rolled back).
+    async fn dry_json(&self, args: &[String]) -> Result<Value, String> {
+        let mut dry = args.to_vec();
+        dry.push("--dry-run".into());
+        self.json(&dry).await
+    }
+
     /// A replay's or a discard's dry run: what it would touch (exactly the ids) as HTML, and
     /// the ids; `None` when nothing matches.
     async fn dry_run(
@@ -822,15 +808,16 @@ impl Console {
         action: &str,
         args: &[String],
     ) -> Result<Option<(String, Vec<String>)>, String> {
-        let mut dry = args.to_vec();
-        dry.push("--dry-run".into());
-        let report = self.json(&dry).await?;
-        let ids: Vec<String> = report
-            .get("ids")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().map(|v| v.to_string()).collect())
-            .unwrap_or_default();
-        if ids.is_empty() {
+        let report = self.dry_json(args).await?;
+        let ids_of = |field: &str| -> Vec<String> {
+            report
+                .get(field)
+                .and_then(Value::as_array)
+                .map(|a| a.iter().map(|v| v.to_string()).collect())
+                .unwrap_or_default()
+        };
+        let (ids, skipped) = (ids_of("ids"), ids_of("skipped"));
+        if ids.is_empty() && skipped.is_empty() {
             return Ok(None);
         }
         let mut body = format!(
@@ -839,6 +826,16 @@ impl Console {
             ids.len(),
             esc(&ids.join(" "))
         );
+        if !skipped.is_empty() {
+            body.push_str(&format!(
+                "<p class=\"warn\" id=\"skipped\">{} would be left in place ({}): their dedupe key is in \
+                 the outbox again (the message was written again, or its published copy is \
+                 retained), so a replay cannot bring them back and the key they block stays \
+                 blocked. Discard them to release it.</p>",
+                skipped.len(),
+                esc(&skipped.join(" "))
+            ));
+        }
         if let Some(refused) = report
             .get("refused_locally")
             .and_then(Value::as_array)
@@ -851,6 +848,33 @@ impl Console {
             ));
         }
         Ok(Some((body, ids)))
+    }
+
+    /// A pause's or a resume's dry run: what it would do as HTML; `None` when it would change
+    /// nothing (paused already, or not paused).
+    async fn dry_run_topic(
+        &self,
+        action: &str,
+        args: &[String],
+    ) -> Result<Option<(String, Vec<String>)>, String> {
+        let report = self.dry_json(args).await?;
+        if !report
+            .get("changed")
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+        {
+            return Ok(None);
+        }
+        let body = format!(
+            "<p>{action} topic <strong id=\"topic\">{}</strong>{}.</p>",
+            esc(&text(&report, "topic")),
+            if action == "pause" {
+                ": no claim takes its messages until it is resumed; they accumulate"
+            } else {
+                ": its messages are claimed again at once"
+            }
+        );
+        Ok(Some((body, Vec::new())))
     }
 }
 

@@ -2,7 +2,10 @@
 //! assertion is refused (missing, expired, for another audience, signed by another key); a change
 //! without the identity's CSRF token, or from another site, is refused and changes nothing; a
 //! previewed, confirmed replay moves the dead letter and audits the identity; a read-only console
-//! offers and accepts no change; what the database holds cannot become markup.
+//! offers and accepts no change; what the database holds cannot become markup; a local console
+//! answers to loopback host names only (DNS rebinding); a pause of a topic the database has not
+//! seen is refused at its preview and goes through as a new topic; thousands of blocked keys are
+//! summed up per topic and paged; a placeholder IAP audience stops the console at start.
 
 use std::time::Duration;
 
@@ -114,6 +117,23 @@ async fn behind_iap_a_request_without_a_valid_assertion_is_refused() {
         health.status, 200,
         "the load balancer's health check needs no identity"
     );
+    let assertion = iap.assertion("oncall@example.com", AUDIENCE, 600);
+    let public = http_request(
+        &addr,
+        "GET",
+        "/",
+        &[
+            ("Host", "outbox.example.com"),
+            ("x-goog-iap-jwt-assertion", &assertion),
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(
+        public.status, 200,
+        "behind IAP the public host name is served (the assertion decides): {}",
+        public.body
+    );
 }
 
 #[tokio::test]
@@ -155,6 +175,13 @@ async fn a_change_needs_the_identitys_csrf_token_and_a_same_origin_request() {
         for path in ["/actions/preview", "/actions/apply"] {
             let r = http_request(&addr, "POST", path, &headers, &body).await;
             assert_eq!(r.status, 403, "{case} {path}: refused; {}", r.body);
+            let says_site = r.body.contains("came from another site");
+            assert_eq!(
+                says_site,
+                case.starts_with("another"),
+                "{case} {path}: the refusal says why (the site, or the token): {}",
+                r.body
+            );
         }
     }
     assert_eq!(
@@ -270,4 +297,216 @@ async fn what_the_database_holds_cannot_become_markup() {
     );
     let unknown = http_request(&addr, "GET", "/dead-letters/999999", &[], "").await;
     assert_eq!(unknown.status, 404);
+}
+
+#[tokio::test]
+async fn a_local_console_answers_to_loopback_host_names_only() {
+    let db = TestDb::new().await;
+    let _dl = dead_letter(&db.pool, TOPIC, Some("k"), b"{}", "INVALID_ARGUMENT: x").await;
+    let (_console, addr) = console(&db, &["--actions", "--local-user", "alice"]).await;
+    let port = addr
+        .rsplit_once(':')
+        .map(|(_, p)| p.to_owned())
+        .unwrap_or_default();
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        format!("[::1]:{port}"),
+    ] {
+        let r = http_request(&addr, "GET", "/", &[("Host", &host)], "").await;
+        assert_eq!(r.status, 200, "{host}: served; {}", r.body);
+    }
+    // A page an attacker serves as evil.example:PORT, a name pointed at 127.0.0.1.
+    let evil = format!("evil.example:{port}");
+    let page = http_request(&addr, "GET", "/", &[("Host", &evil)], "").await;
+    assert_eq!(
+        page.status, 421,
+        "refused before anything renders: {}",
+        page.body
+    );
+    assert!(
+        !page.body.contains("csrf") && !page.body.contains("<table"),
+        "no token, nothing of the outbox: {}",
+        page.body
+    );
+    // Even with a real token (read through the loopback name), a pause it posts is refused.
+    let token = csrf_of(&http_request(&addr, "GET", "/", &[], "").await.body);
+    let origin = format!("http://{evil}");
+    for path in ["/actions/preview", "/actions/apply"] {
+        let r = http_request(
+            &addr,
+            "POST",
+            path,
+            &[("Host", &evil), ("Origin", &origin)],
+            &format!("action=pause&topic={TOPIC}&reason=x&csrf={token}"),
+        )
+        .await;
+        assert_eq!(r.status, 421, "{path}: refused; {}", r.body);
+    }
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM pubsub_outbox_paused_topic").await,
+        0,
+        "nothing paused"
+    );
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM pubsub_outbox_audit").await,
+        0,
+        "nothing audited"
+    );
+}
+
+#[tokio::test]
+async fn a_pause_of_a_topic_the_database_has_not_seen_is_refused_at_its_preview_unless_new() {
+    let db = TestDb::new().await;
+    let (_console, addr) = console(&db, &["--actions", "--local-user", "alice"]).await;
+    let token = csrf_of(&http_request(&addr, "GET", "/", &[], "").await.body);
+    let fresh = "projects/test-project/topics/not-yet-seen";
+    let form = |extra: &str| format!("action=pause&topic={fresh}&reason=&csrf={token}{extra}");
+    let refused = http_request(&addr, "POST", "/actions/preview", &[], &form("")).await;
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    assert!(
+        refused.body.contains("is not known here"),
+        "the preview says why, as the command would: {}",
+        refused.body
+    );
+    let preview = http_request(
+        &addr,
+        "POST",
+        "/actions/preview",
+        &[],
+        &form("&new_topic=yes"),
+    )
+    .await;
+    assert_eq!(preview.status, 200, "{}", preview.body);
+    assert!(
+        preview.body.contains("name=\"new_topic\" value=\"yes\"")
+            && preview.body.contains("--new-topic"),
+        "the confirmation carries it, and the command line shows it: {}",
+        preview.body
+    );
+    let apply = http_request(
+        &addr,
+        "POST",
+        "/actions/apply",
+        &[],
+        &format!(
+            "action=pause&topic={fresh}&new_topic=yes&reason=before+its+first+message&csrf={token}"
+        ),
+    )
+    .await;
+    assert_eq!(apply.status, 200, "{}", apply.body);
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM pubsub_outbox_paused_topic").await,
+        1,
+        "paused"
+    );
+}
+
+#[tokio::test]
+async fn thousands_of_blocked_keys_are_summed_up_per_topic_and_paged() {
+    let db = TestDb::new().await;
+    // What a keyed topic whose Pub/Sub topic vanished leaves: a dead letter per key.
+    sqlx::query(
+        "INSERT INTO pubsub_outbox_dead_letter (topic, ordering_key, dedupe_key, payload, created_at,
+                                                attempts, error_kind, last_error, source)
+         SELECT $1, 'key-' || lpad(n::text, 5, '0'), 'dl-' || n, '\\x7b7d', now(), 1, 'permanent',
+                'NOT_FOUND: topic', 'dispatcher'
+         FROM generate_series(1, 2000) n",
+    )
+    .bind(TOPIC)
+    .execute(&db.pool)
+    .await
+    .expect("2,000 blocked keys");
+    let (_console, addr) = console(&db, &[]).await;
+    let overview = http_request(&addr, "GET", "/", &[], "").await;
+    assert_eq!(overview.status, 200);
+    assert_eq!(
+        overview.body.matches("are blocked by dead letters").count(),
+        1,
+        "one warning for the topic: {}",
+        overview.body
+    );
+    assert!(
+        overview
+            .body
+            .contains("2000 ordering keys of projects/test-project/topics/console"),
+        "with the count"
+    );
+    assert!(
+        overview.body.len() < 40_000,
+        "the overview stays small: {} bytes",
+        overview.body.len()
+    );
+    assert!(
+        overview
+            .body
+            .contains("href=\"/blocked-keys?topic=projects%2Ftest-project%2Ftopics%2Fconsole\""),
+        "a link to all of them"
+    );
+    let first = http_request(
+        &addr,
+        "GET",
+        &format!("/blocked-keys?topic={TOPIC}"),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert_eq!(
+        first.body.matches("class=\"dead-letter\"").count(),
+        100,
+        "a page of 100"
+    );
+    assert!(
+        first.body.contains("<code>key-00001</code>")
+            && first.body.contains("<code>key-00100</code>")
+    );
+    assert!(
+        first.body.contains("after=key-00100"),
+        "the next page starts after the last key"
+    );
+    let second = http_request(
+        &addr,
+        "GET",
+        &format!("/blocked-keys?topic={TOPIC}&after=key-00100"),
+        &[],
+        "",
+    )
+    .await;
+    assert!(
+        second.body.contains("<code>key-00101</code>")
+            && !second.body.contains("<code>key-00100</code>"),
+        "{}",
+        second.body
+    );
+}
+
+#[tokio::test]
+async fn a_placeholder_iap_audience_stops_the_console_at_start_with_the_fix() {
+    let db = TestDb::new().await;
+    for audience in [
+        "/projects/PROJECT_NUMBER/global/backendServices/SERVICE_ID",
+        "",
+    ] {
+        let out = harness::process::output(
+            "dispatcher",
+            &[
+                "console",
+                "--auth",
+                "iap",
+                "--iap-audience",
+                audience,
+                "--listen-addr",
+                "127.0.0.1:0",
+            ],
+            &[("DATABASE_URL", db.url().to_owned())],
+        )
+        .await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{audience:?}: {stderr}");
+        assert!(
+            stderr.contains("both numbers") && stderr.contains("backend-services describe"),
+            "{audience:?}: says what the value is and how to find it: {stderr}"
+        );
+    }
 }
