@@ -96,11 +96,7 @@ pub async fn migrate_on(conn: &mut PgConnection) -> Result<Migrated> {
             .context("reading pubsub_outbox_migrations")?
             .into_iter()
             .collect();
-    let ours = || {
-        MIGRATOR
-            .iter()
-            .filter(|m| m.migration_type.is_up_migration())
-    };
+    let ours = release_migrations;
     if let Some(unknown) = applied
         .keys()
         .copied()
@@ -134,15 +130,26 @@ pub async fn migrate_on(conn: &mut PgConnection) -> Result<Migrated> {
     Ok(report)
 }
 
-/// Creates `pubsub_outbox_migrations` when it is missing.
-async fn create_migrations_table(tx: &mut PgConnection) -> Result<()> {
-    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+/// This release's migrations (all are up migrations: the outbox ships no down migration).
+fn release_migrations() -> impl Iterator<Item = &'static sqlx::migrate::Migration> {
+    MIGRATOR
+        .iter()
+        .filter(|m| m.migration_type.is_up_migration())
+}
+
+/// Whether `pubsub_outbox_migrations` exists (any login may ask: a catalog lookup).
+async fn migrations_table_exists(conn: &mut PgConnection) -> Result<bool> {
+    sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
         .persistent(crate::store::named_statements())
         .bind(MIGRATIONS_TABLE)
-        .fetch_one(&mut *tx)
+        .fetch_one(&mut *conn)
         .await
-        .context("looking for pubsub_outbox_migrations")?;
-    if !exists {
+        .context("looking for pubsub_outbox_migrations")
+}
+
+/// Creates `pubsub_outbox_migrations` when it is missing.
+async fn create_migrations_table(tx: &mut PgConnection) -> Result<()> {
+    if !migrations_table_exists(tx).await? {
         // Created only when missing: `CREATE TABLE IF NOT EXISTS` would need CREATE on the schema
         // even when the table is there.
         sqlx::raw_sql(

@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 
 use sqlx::PgConnection;
 
-use super::{MIGRATIONS_TABLE, MIGRATOR};
+use super::MIGRATIONS_TABLE;
 pub use crate::error::SchemaBehind;
 use crate::error::{DbContext, Result};
 
@@ -47,10 +47,7 @@ pub fn release_version() -> i64 {
 }
 
 fn ours() -> impl Iterator<Item = i64> {
-    MIGRATOR
-        .iter()
-        .filter(|m| m.migration_type.is_up_migration())
-        .map(|m| m.version)
+    super::release_migrations().map(|m| m.version)
 }
 
 /// Reads the applied versions and compares them with this release's (one or two small
@@ -58,13 +55,7 @@ fn ours() -> impl Iterator<Item = i64> {
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn schema_state(conn: &mut PgConnection) -> Result<SchemaState> {
     let needs = release_version();
-    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-        .persistent(crate::store::named_statements())
-        .bind(MIGRATIONS_TABLE)
-        .fetch_one(&mut *conn)
-        .await
-        .context("looking for pubsub_outbox_migrations")?;
-    if !exists {
+    if !super::migrations_table_exists(conn).await? {
         return Ok(SchemaState::Behind(SchemaBehind {
             at: None,
             needs,
