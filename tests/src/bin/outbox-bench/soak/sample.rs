@@ -270,6 +270,8 @@ async fn status_warnings(bin: &Path, database_url: &str) -> Result<Vec<&'static 
                 "dead_lettered"
             } else if w.contains("heartbeat") {
                 "replica_gone"
+            } else if w.contains("Pub/Sub is unreachable") {
+                "breaker_open"
             } else if w.contains("paused") {
                 "paused"
             } else {
