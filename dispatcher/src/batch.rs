@@ -33,7 +33,7 @@ use crate::classify::{FailureKind, PublishFailure};
 use crate::decide::{self, Attempt, Decision, Policy};
 use crate::dispatch::Dispatch;
 use crate::error::DispatcherError;
-use crate::publisher::{BatchResult, Publish};
+use crate::publisher::{BatchResult, Publish, split};
 
 /// What one batch did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -322,7 +322,7 @@ async fn watch_for_stall<P: Publish>(
     d: &Dispatch<P>,
     batch: &[ClaimedMessage],
 ) -> Result<BatchResult, String> {
-    let publishing = crate::storm::publish(d, batch);
+    let publishing = crate::storm::publish(&d.storms, d.publisher.as_ref(), &d.metrics, batch);
     tokio::pin!(publishing);
     tokio::select! {
         results = &mut publishing => return Ok(results),
@@ -402,12 +402,6 @@ const FIRST_FAN_OUT: usize = 16;
 /// instead of 96 for 5 among 500), for one more round trip.
 const NEXT_FAN_OUT: usize = 4;
 
-/// `group` in at most `parts` parts of about equal size, in order.
-pub(crate) fn split(group: &[usize], parts: usize) -> Vec<Vec<usize>> {
-    let size = group.len().div_ceil(parts.max(1)).max(1);
-    group.chunks(size).map(<[usize]>::to_vec).collect()
-}
-
 /// The unkeyed suspects' verdicts by splitting (see [`isolate`]), by index.
 async fn split_out<P: Publish>(
     d: &Dispatch<P>,
@@ -422,7 +416,7 @@ async fn split_out<P: Publish>(
         d.metrics.isolation_publishes.inc_by(groups.len() as u64);
         let sent = futures::future::join_all(groups.iter().map(|group| async move {
             let batch: Vec<ClaimedMessage> = group.iter().map(|i| claimed[*i].clone()).collect();
-            d.publisher.publish_apart(&batch).await
+            d.publisher.publish(&batch).await
         }))
         .await;
         let mut next = Vec::new();
@@ -475,7 +469,7 @@ async fn isolate_key<P: Publish>(
         d.metrics.isolation_publishes.inc();
         let result = d
             .publisher
-            .publish_apart(std::slice::from_ref(&claimed[i]))
+            .publish(std::slice::from_ref(&claimed[i]))
             .await
             .pop()
             .unwrap_or_else(|| Err(PublishFailure::transient("no result for the message")));

@@ -1,8 +1,9 @@
 //! Publish failures as values with a reason: every message ends published, retried later
 //! (transient), or dead-lettered (permanent). One function maps gRPC codes to these.
 
-use google_cloud_gax::error::rpc::Code;
-use google_cloud_pubsub::error::PublishError;
+pub use tonic::Code;
+
+use crate::transport::Failed;
 
 /// What a failed publish means for the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -11,8 +12,8 @@ pub enum FailureKind {
     Transient,
     /// Cannot succeed: dead-letter now.
     Permanent,
-    /// Never sent (the client paused the ordering key, or was shutting down): release the row
-    /// untouched, no attempt is charged.
+    /// Never sent (an earlier request of its ordering key failed in the same batch): release the
+    /// row untouched, no attempt is charged.
     NotAttempted,
 }
 
@@ -59,7 +60,9 @@ impl PublishFailure {
 /// Transient: the request may succeed unchanged later. Permanent: the request itself is wrong
 /// (bad argument, missing topic, no permission) and only an operator can fix it.
 /// UNAUTHENTICATED is transient: it is how an expired token shows, and a credentials outage must
-/// not dead-letter the backlog (the circuit breaker catches a persistent one).
+/// not dead-letter the backlog (the circuit breaker catches a persistent one). A status a proxy
+/// made from its HTTP answer follows tonic's mapping (401 UNAUTHENTICATED, 403 PERMISSION_DENIED,
+/// 404 UNIMPLEMENTED, 429/502/503/504 UNAVAILABLE, other 4xx/5xx INTERNAL or UNKNOWN).
 pub fn classify_code(code: Code) -> FailureKind {
     match code {
         Code::Unavailable
@@ -70,7 +73,9 @@ pub fn classify_code(code: Code) -> FailureKind {
         | Code::Unknown
         | Code::Cancelled
         | Code::DataLoss
-        | Code::Unauthenticated => FailureKind::Transient,
+        | Code::Unauthenticated
+        // OK is not a failure: an answer that says OK without a result is retried.
+        | Code::Ok => FailureKind::Transient,
         Code::InvalidArgument
         | Code::NotFound
         | Code::PermissionDenied
@@ -78,172 +83,103 @@ pub fn classify_code(code: Code) -> FailureKind {
         | Code::FailedPrecondition
         | Code::OutOfRange
         | Code::Unimplemented => FailureKind::Permanent,
-        // OK is not a failure; an unknown future code is safest retried.
-        _ => FailureKind::Transient,
     }
 }
 
-/// Whether the client refused a request before sending anything: a resource name that does not
-/// match its template (`is_binding`) or a request it cannot encode. Nothing reached Pub/Sub, so
-/// this is never an outage; the request itself (its configuration) is wrong.
-pub fn refused_before_sending(e: &google_cloud_gax::error::Error) -> bool {
-    e.is_binding() || e.is_serialization()
-}
-
-/// A client error without a gRPC status (no answer, a broken connection) for people: what the
-/// client tried, and the innermost cause (`connection refused (os error 111)`), rather than the
-/// client's own text, which embeds its transport's status and metadata as debug dumps.
-pub fn describe(e: &google_cloud_gax::error::Error) -> String {
-    let what = if e.is_timeout() {
-        "no answer within the deadline"
-    } else if e.is_connect() {
-        "cannot connect"
-    } else if e.is_authentication() {
-        "cannot get credentials"
-    } else if let Some(code) = e.http_status_code() {
-        return format!("HTTP {code} from Pub/Sub or a proxy before it");
-    } else {
-        "the connection failed"
-    };
-    let mut innermost = None;
-    let mut cause = std::error::Error::source(e);
-    while let Some(c) = cause {
-        innermost = Some(c);
-        cause = c.source();
-    }
-    match innermost.map(ToString::to_string) {
-        Some(text) if !text.is_empty() => format!("{what}: {text}"),
-        _ => what.to_owned(),
+/// The canonical name of a code (`NOT_FOUND`), as Google's documents and consoles write it.
+pub fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
     }
 }
 
-/// Classifies an error returned by the Pub/Sub client for one message.
-pub fn classify(error: &PublishError) -> PublishFailure {
-    match error {
-        PublishError::Rpc(e) if refused_before_sending(e) => PublishFailure::permanent(format!(
-            "refused by the Pub/Sub client before sending (check the topic name and the message): {e}"
-        )),
-        PublishError::Rpc(e) => {
-            let kind = match e.status() {
-                Some(status) => classify_code(status.code),
-                // No gRPC status: transport, I/O, timeout, authentication or HTTP-level failure.
-                None => match e.http_status_code() {
-                    Some(400 | 403 | 404) => FailureKind::Permanent,
-                    _ => FailureKind::Transient,
-                },
-            };
-            let message = match e.status() {
-                Some(status) => format!("{}: {}", status.code.name(), status.message),
-                None => describe(e),
-            };
-            PublishFailure { kind, message }
+/// Classifies why a request got no result; every message of the request shares it (a request
+/// is atomic: one refused message fails all of them, and isolation finds which).
+pub fn classify(failed: &Failed) -> PublishFailure {
+    match failed {
+        Failed::Answered(status) => PublishFailure {
+            kind: classify_code(status.code()),
+            message: format!("{}: {}", code_name(status.code()), status.message()),
+        },
+        Failed::NoAnswer(what) => PublishFailure::transient(what.clone()),
+        Failed::Credentials(why) => {
+            PublishFailure::transient(format!("cannot get credentials for Pub/Sub: {why}"))
         }
-        PublishError::OrderingKeyPaused => PublishFailure {
-            kind: FailureKind::NotAttempted,
-            message: "ordering key paused after an earlier failure in the same batch".to_owned(),
-        },
-        PublishError::Shutdown => PublishFailure {
-            kind: FailureKind::NotAttempted,
-            message: "publisher shut down before sending".to_owned(),
-        },
-        other => PublishFailure::transient(other.to_string()),
+        Failed::NotSent(why) => PublishFailure::permanent(format!(
+            "refused before sending (check the topic name and the message): {why}"
+        )),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use tonic::Status;
+
     use super::*;
 
     #[test]
-    fn a_transport_failure_reads_as_its_innermost_cause_not_a_debug_dump() {
-        #[derive(Debug, thiserror::Error)]
-        #[error(
-            "status: Unavailable, message: \"error trying to connect\", details: [], metadata: MetadataMap {{ headers: {{}} }}"
-        )]
-        struct Dump(#[source] std::io::Error);
-        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-        let text = refused.to_string();
-        let e = google_cloud_gax::error::Error::connect(Dump(refused));
-        let said = describe(&e);
-        assert_eq!(said, format!("cannot connect: {text}"));
-        assert!(!said.contains("MetadataMap"), "{said}");
-        let timeout = google_cloud_gax::error::Error::timeout(Dump(std::io::Error::from(
-            std::io::ErrorKind::TimedOut,
-        )));
-        assert!(describe(&timeout).starts_with("no answer within the deadline: "));
-    }
-    use google_cloud_gax::error::rpc::Status;
-    use std::sync::Arc;
-
-    #[test]
-    fn every_grpc_code_has_the_documented_kind() {
+    fn every_grpc_code_has_the_documented_kind_and_name() {
         use FailureKind::{Permanent as P, Transient as T};
         let table = [
-            (Code::Cancelled, T),
-            (Code::Unknown, T),
-            (Code::InvalidArgument, P),
-            (Code::DeadlineExceeded, T),
-            (Code::NotFound, P),
-            (Code::AlreadyExists, P),
-            (Code::PermissionDenied, P),
-            (Code::ResourceExhausted, T),
-            (Code::FailedPrecondition, P),
-            (Code::Aborted, T),
-            (Code::OutOfRange, P),
-            (Code::Unimplemented, P),
-            (Code::Internal, T),
-            (Code::Unavailable, T),
-            (Code::DataLoss, T),
-            (Code::Unauthenticated, T),
+            (Code::Ok, T, "OK"),
+            (Code::Cancelled, T, "CANCELLED"),
+            (Code::Unknown, T, "UNKNOWN"),
+            (Code::InvalidArgument, P, "INVALID_ARGUMENT"),
+            (Code::DeadlineExceeded, T, "DEADLINE_EXCEEDED"),
+            (Code::NotFound, P, "NOT_FOUND"),
+            (Code::AlreadyExists, P, "ALREADY_EXISTS"),
+            (Code::PermissionDenied, P, "PERMISSION_DENIED"),
+            (Code::ResourceExhausted, T, "RESOURCE_EXHAUSTED"),
+            (Code::FailedPrecondition, P, "FAILED_PRECONDITION"),
+            (Code::Aborted, T, "ABORTED"),
+            (Code::OutOfRange, P, "OUT_OF_RANGE"),
+            (Code::Unimplemented, P, "UNIMPLEMENTED"),
+            (Code::Internal, T, "INTERNAL"),
+            (Code::Unavailable, T, "UNAVAILABLE"),
+            (Code::DataLoss, T, "DATA_LOSS"),
+            (Code::Unauthenticated, T, "UNAUTHENTICATED"),
         ];
-        for (code, kind) in table {
-            assert_eq!(classify_code(code), kind, "{}", code.name());
+        assert_eq!(table.len(), 17, "every code gRPC defines");
+        for (i, (code, kind, name)) in table.into_iter().enumerate() {
+            assert_eq!(code as usize, i, "the table is in the codes' order");
+            assert_eq!(classify_code(code), kind, "{name}");
+            assert_eq!(code_name(code), name);
+            let failure = classify(&Failed::Answered(Status::new(code, "why")));
+            assert_eq!(failure.kind, kind, "{name}");
+            assert_eq!(failure.message, format!("{name}: why"));
         }
     }
 
     #[test]
-    fn rpc_errors_carry_the_code_name_and_message() {
-        let err = PublishError::Rpc(Arc::new(google_cloud_gax::error::Error::service(
-            Status::default()
-                .set_code(Code::NotFound)
-                .set_message("Topic not found"),
-        )));
-        let failure = classify(&err);
-        assert_eq!(failure.kind, FailureKind::Permanent);
-        assert_eq!(failure.message, "NOT_FOUND: Topic not found");
-    }
-
-    #[test]
-    fn a_request_the_client_refuses_before_sending_is_permanent_not_an_outage() {
-        let err = PublishError::Rpc(Arc::new(google_cloud_gax::error::Error::binding(
-            "field `topic` should match the template",
-        )));
-        let failure = classify(&err);
-        assert_eq!(failure.kind, FailureKind::Permanent);
+    fn no_answer_and_no_credentials_are_transient_a_request_not_sent_is_permanent() {
+        let no_answer = classify(&Failed::NoAnswer("cannot connect: refused".into()));
+        assert_eq!(no_answer.kind, FailureKind::Transient);
+        assert_eq!(no_answer.message, "cannot connect: refused");
+        let creds = classify(&Failed::Credentials("token endpoint down".into()));
+        assert_eq!(creds.kind, FailureKind::Transient);
+        assert!(creds.message.contains("credentials"), "{}", creds.message);
+        let not_sent = classify(&Failed::NotSent("bad topic".into()));
+        assert_eq!(not_sent.kind, FailureKind::Permanent);
         assert!(
-            failure.message.contains("before sending"),
+            not_sent.message.contains("before sending"),
             "{}",
-            failure.message
-        );
-    }
-
-    #[test]
-    fn transport_errors_are_transient() {
-        let err = PublishError::Rpc(Arc::new(google_cloud_gax::error::Error::io(
-            "connection refused",
-        )));
-        assert_eq!(classify(&err).kind, FailureKind::Transient);
-    }
-
-    #[test]
-    fn paused_keys_and_shutdown_charge_no_attempt() {
-        assert_eq!(
-            classify(&PublishError::OrderingKeyPaused).kind,
-            FailureKind::NotAttempted
-        );
-        assert_eq!(
-            classify(&PublishError::Shutdown).kind,
-            FailureKind::NotAttempted
+            not_sent.message
         );
     }
 }

@@ -5,8 +5,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::classify::{Code, code_name};
 use clap::{Parser, Subcommand};
-use google_cloud_gax::error::rpc::Code;
 use outbox_runtime::db::DatabaseArgs;
 use outbox_runtime::telemetry::TelemetryArgs;
 use outbox_shared::{
@@ -273,16 +273,27 @@ pub struct PubsubArgs {
     /// short name without it is refused at start-up (exit 2).
     #[arg(long, env = "PUBSUB_PROJECT_ID", default_value = "")]
     pub pubsub_project: String,
-    /// Upper bound on one batch publish, client retries included. Keep it well below
-    /// --lock-timeout.
+    /// Upper bound on one batch publish (each request carries the time left as its
+    /// grpc-timeout). Keep it well below --lock-timeout.
     #[arg(long, env = "OUTBOX_PUBLISH_TIMEOUT", default_value = "20s", value_parser = humantime::parse_duration)]
     pub publish_timeout: Duration,
     /// Name of the attribute that carries the dedupe key to consumers.
     #[arg(long, env = "OUTBOX_DEDUPE_ATTRIBUTE", default_value = DEFAULT_DEDUPE_ATTRIBUTE)]
     pub dedupe_attribute: String,
-    /// How long the client may wait to fill a request before sending it.
-    #[arg(long, env = "OUTBOX_PUBLISH_DELAY", default_value = "5ms", value_parser = humantime::parse_duration)]
-    pub publish_delay: Duration,
+    /// HTTP/2 connections to Pub/Sub per replica (1..=64). Each carries up to 100 requests at
+    /// once (the bound Google's clients keep); a batch over many ordering keys sends one request
+    /// per key, so 4 connections keep 400 one-key requests in flight.
+    #[arg(long, env = "OUTBOX_PUBLISH_CONNECTIONS", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub publish_connections: u16,
+    /// A PEM file of certificate authorities to trust, besides the system's, for an https://
+    /// --pubsub-endpoint whose certificate a private CA signed (a Private Service Connect
+    /// endpoint behind your own TLS, a test endpoint).
+    #[arg(long, env = "OUTBOX_PUBSUB_CA_FILE", value_name = "PEM")]
+    pub pubsub_ca_file: Option<std::path::PathBuf>,
+    /// Removed: the dispatcher sends each batch's requests at once, so there is no batching
+    /// delay to tune. Refused with the reason when set.
+    #[arg(long, env = "OUTBOX_PUBLISH_DELAY", hide = true)]
+    pub publish_delay: Option<String>,
 }
 
 impl TryFrom<&RunArgs> for DispatcherConfig {
@@ -307,6 +318,15 @@ impl TryFrom<&RunArgs> for DispatcherConfig {
                 })
                 .collect::<Result<Vec<_>, String>>()
         };
+        if p.publish_delay.is_some() {
+            return Err(
+                "--publish-delay (OUTBOX_PUBLISH_DELAY) was removed: the dispatcher no longer \
+                 waits to fill a request; each claimed batch goes out at once, one request per \
+                 ordering key and the unkeyed rows packed up to 1,000 messages or 10 MB. Remove \
+                 the setting (tune --batch-size and --notify-coalesce instead)"
+                    .to_owned(),
+            );
+        }
         let config = DispatcherConfig {
             batch: BatchSettings {
                 batch_size: a.batch_size,
@@ -336,7 +356,8 @@ impl TryFrom<&RunArgs> for DispatcherConfig {
                 project: p.pubsub_project.clone(),
                 publish_timeout: p.publish_timeout,
                 dedupe_attribute: p.dedupe_attribute.clone(),
-                publish_delay: p.publish_delay,
+                connections: usize::from(p.publish_connections),
+                ca_file: p.pubsub_ca_file.clone(),
             },
             workers: usize::from(a.workers),
             max_inflight_bytes: a.max_inflight_bytes,
@@ -381,8 +402,8 @@ fn fraction(s: &str) -> Result<f64, String> {
 /// A gRPC code name such as `UNAVAILABLE` (case-insensitive).
 fn grpc_code(name: &str) -> Result<Code, String> {
     (0..=16)
-        .map(Code::from)
-        .find(|c| c.name().eq_ignore_ascii_case(name))
+        .map(Code::from_i32)
+        .find(|c| code_name(*c).eq_ignore_ascii_case(name))
         .ok_or_else(|| format!("{name:?} is not a gRPC code name (e.g. UNAVAILABLE, NOT_FOUND)"))
 }
 
@@ -404,6 +425,24 @@ mod tests {
         parsed.pubsub.emulator_host = None;
         parsed.pubsub.project = String::new();
         assert_eq!(parsed, DispatcherConfig::default());
+    }
+
+    #[test]
+    fn the_removed_publish_delay_is_refused_with_what_to_do() {
+        let e = parse(&["--publish-delay", "5ms"]).expect_err("removed");
+        assert!(
+            e.contains("--publish-delay") && e.contains("was removed"),
+            "{e}"
+        );
+        assert!(e.contains("Remove the setting"), "{e}");
+        assert!(parse(&["--publish-connections", "0"]).is_err());
+        let c =
+            parse(&["--publish-connections", "8", "--pubsub-ca-file", "/ca.pem"]).expect("valid");
+        assert_eq!(c.pubsub.connections, 8);
+        assert_eq!(
+            c.pubsub.ca_file.as_deref(),
+            Some(std::path::Path::new("/ca.pem"))
+        );
     }
 
     #[test]

@@ -8,7 +8,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use google_cloud_gax::error::rpc::Code;
+use std::path::PathBuf;
+
+use crate::classify::Code;
 use outbox_shared::{DEFAULT_DEDUPE_ATTRIBUTE, DEFAULT_NOTIFY_CHANNEL, RetrySchedule};
 
 /// Everything a dispatcher process needs besides its database pool and its publisher.
@@ -186,13 +188,15 @@ pub struct PubsubConfig {
     pub endpoint: Option<String>,
     /// Project for short topic names.
     pub project: String,
-    /// Upper bound on one batch publish, client retries included.
+    /// Upper bound on one batch publish.
     pub publish_timeout: Duration,
     /// The attribute carrying the dedupe key (the one place it is set: the batch asks the
     /// publisher, [`crate::publisher::Publish::dedupe_attribute`]).
     pub dedupe_attribute: String,
-    /// How long the client may wait to fill a request.
-    pub publish_delay: Duration,
+    /// HTTP/2 connections to Pub/Sub (each carries up to 100 calls at once).
+    pub connections: usize,
+    /// A PEM file of certificate authorities to trust besides the system's (a private endpoint).
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for PubsubConfig {
@@ -203,7 +207,8 @@ impl Default for PubsubConfig {
             project: String::new(),
             publish_timeout: Duration::from_secs(20),
             dedupe_attribute: DEFAULT_DEDUPE_ATTRIBUTE.to_owned(),
-            publish_delay: Duration::from_millis(5),
+            connections: 4,
+            ca_file: None,
         }
     }
 }

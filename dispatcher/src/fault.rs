@@ -9,10 +9,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use google_cloud_gax::error::rpc::Code;
 use outbox_shared::ClaimedMessage;
 
-use crate::classify::{FailureKind, PublishFailure, classify_code};
+use crate::classify::{Code, FailureKind, PublishFailure, classify_code, code_name};
 use crate::config::FaultSettings;
 use crate::publisher::{BatchResult, ProbeError, Publish};
 
@@ -56,7 +55,7 @@ impl<P: Publish> FaultInjector<P> {
         if settings.failure_rate > 0.0 {
             tracing::warn!(
                 rate = settings.failure_rate,
-                code = settings.failure_code.name(),
+                code = code_name(settings.failure_code),
                 "Fault injection is on: publishes fail on purpose."
             );
         }
@@ -111,31 +110,17 @@ impl<P: Publish> FaultInjector<P> {
     }
 }
 
-/// Which publish of the wrapped publisher a call goes to.
-#[derive(Debug, Clone, Copy)]
-enum Via {
-    Shared,
-    Apart,
-}
-
 impl<P: Publish> FaultInjector<P> {
-    async fn send(&self, via: Via, batch: &[ClaimedMessage]) -> BatchResult {
-        match via {
-            Via::Shared => self.inner.publish(batch).await,
-            Via::Apart => self.inner.publish_apart(batch).await,
-        }
-    }
-
     /// Publishes `batch` via the wrapped publisher, but the messages a fault targets (or the
     /// failure rate picks) fail with the injected code, and the later messages of their keys
     /// are not attempted (as the real client pauses a key).
-    async fn inject(&self, via: Via, batch: &[ClaimedMessage]) -> BatchResult {
+    async fn inject(&self, batch: &[ClaimedMessage]) -> BatchResult {
         let idle = self.rate == 0.0
             && !self.has_targets.load(Ordering::Acquire)
             && !self.record.load(Ordering::Acquire);
         if idle {
             // No fault configured: no copies, no bookkeeping.
-            return self.send(via, batch).await;
+            return self.inner.publish(batch).await;
         }
         let mut results: Vec<Option<Result<String, PublishFailure>>> = vec![None; batch.len()];
         let mut paused: HashSet<(&str, &str)> = HashSet::new();
@@ -153,7 +138,7 @@ impl<P: Publish> FaultInjector<P> {
             if let Some(code) = self.fault_for(&m.dedupe_key) {
                 results[i] = Some(Err(PublishFailure {
                     kind: classify_code(code),
-                    message: format!("{}: injected fault", code.name()),
+                    message: format!("{}: injected fault", code_name(code)),
                 }));
                 if let Some(k) = key {
                     paused.insert(k);
@@ -166,7 +151,7 @@ impl<P: Publish> FaultInjector<P> {
         let inner = if forward.is_empty() {
             Vec::new()
         } else {
-            self.send(via, &forward).await
+            self.inner.publish(&forward).await
         };
         let recording = self.record.load(Ordering::Acquire);
         let mut log = Vec::new();
@@ -194,11 +179,7 @@ impl<P: Publish> FaultInjector<P> {
 
 impl<P: Publish> Publish for FaultInjector<P> {
     async fn publish(&self, batch: &[ClaimedMessage]) -> BatchResult {
-        self.inject(Via::Shared, batch).await
-    }
-
-    async fn publish_apart(&self, batch: &[ClaimedMessage]) -> BatchResult {
-        self.inject(Via::Apart, batch).await
+        self.inject(batch).await
     }
 
     async fn probe(&self, topic: &str) -> Result<(), ProbeError> {

@@ -10,7 +10,9 @@
 //!   share and the worker loop; `liveness`: the worker heartbeats behind `/healthz`; `floors`:
 //!   where the claims start (what this replica knows is published); `storm`: a topic whose
 //!   messages Pub/Sub keeps refusing sends its unkeyed rows in parts.
-//! - [`publisher`]: the [`publisher::Publish`] seam and the official Pub/Sub client behind it.
+//! - [`publisher`]: the [`publisher::Publish`] seam, and batches as Pub/Sub requests;
+//!   [`transport`]: the gRPC calls on tonic (connections, credentials, headers); `wire`: the
+//!   requests' protobuf encoding.
 //! - [`classify`]: publish failures as transient / permanent / not attempted.
 //! - [`breaker`]: pauses claiming while Pub/Sub is unreachable; `schema`: while the schema is
 //!   behind this release.
@@ -40,9 +42,12 @@ mod schema;
 pub mod service;
 mod storm;
 mod tasks;
+pub mod transport;
+mod wire;
 mod worker;
 
 pub use batch::{BatchOutcome, Settled};
+pub use classify::Code;
 pub use cli::{Cli, Command};
 pub use config::DispatcherConfig;
 pub use error::DispatcherError;

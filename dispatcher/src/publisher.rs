@@ -1,51 +1,42 @@
-//! Publishing to Pub/Sub: the only module that talks to the Pub/Sub client.
+//! Publishing to Pub/Sub: the [`Publish`] seam the worker uses (publish a claimed batch and get
+//! one result per message, in order; probe whether the broker answers), and [`PubsubPublisher`],
+//! which turns a batch into `Publish` requests and sends them on the [`Transport`].
 //!
-//! [`Publish`] is the seam the worker uses: publish a claimed batch and get one result per message
-//! (in order), and probe whether the broker answers. The real implementation,
-//! [`PubsubPublisher`], shares one gRPC channel ([`BasePublisher`]) across its publishers, so one
-//! dispatcher serves many topics.
+//! **Requests.** A request holds one topic's messages and at most one ordering key (Pub/Sub takes
+//! one key per request), at most 1,000 messages and 10 MB encoded ([`plan`]). Every request of a
+//! batch is in flight at once, except a key's own requests (a key with more than fits in one):
+//! those go one after the other, and when one fails the rest of the key is not sent (not
+//! attempted: its rows go back untouched, so the key's order holds). Every call builds requests
+//! of its own, so no message of another call ever shares a request with it (what isolation
+//! relies on: a message refused alone is refused for itself).
 //!
-//! **Keyed messages.** Pub/Sub takes one ordering key per request, and the client keeps, per
-//! publisher, one sequential batch actor (a task and a channel) for every ordering key it has
-//! ever seen, never removed, and `flush()` visits every one of them. The outbox already keeps a
-//! key's order by itself (a key's next batch is claimed only after this one settled), so a batch's
-//! keyed messages get publishers of their own, one per topic, built for the batch and dropped
-//! with it: each key of the batch gets one actor that sends all of its rows in one request (up
-//! to the request limits), every key's request is in flight at once on the shared channel, and
-//! nothing per key outlives the batch (no rotation, no paused key left behind to resume).
-//!
-//! Bounds: the client's own queue is unbounded, so the caller bounds what is in flight (workers ×
-//! batch size, and a byte budget); every publish is under `publish_timeout`, and the client's own
-//! retries are capped inside it (the row schedule owns long retries).
+//! Bounds: the caller bounds what is in flight (workers × batch size, and a byte budget); the
+//! transport bounds the calls open per connection; every publish is under `publish_timeout`.
+//! Nothing is retried here: the row's durable schedule retries (ARCHITECTURE.md, "The transport").
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use google_cloud_gax::retry_policy::RetryPolicyExt;
-use google_cloud_pubsub::client::{BasePublisher, Publisher, TopicAdmin};
-use google_cloud_pubsub::model::Message;
-use google_cloud_pubsub::retry_policy::RetryableErrors;
 use outbox_shared::ClaimedMessage;
+use outbox_shared::limits::MAX_MESSAGES_PER_REQUEST;
 
-use crate::classify::{self, PublishFailure, classify};
+use crate::classify::{FailureKind, PublishFailure, classify};
 use crate::config::PubsubConfig;
 use crate::error::DispatcherError;
+use crate::transport::{Failed, Transport};
+use crate::wire;
 
 /// One result per message of a batch, in the batch's order: the Pub/Sub message id or why not.
 pub type BatchResult = Vec<Result<String, PublishFailure>>;
 
 /// The publishing seam between the worker and Pub/Sub.
 pub trait Publish: Send + Sync + 'static {
-    /// Publishes `batch`; returns one result per message, in order.
+    /// Publishes `batch` in requests of its own (no message of another call shares them: a
+    /// batch of one is a message alone); returns one result per message, in order.
     fn publish(&self, batch: &[ClaimedMessage]) -> impl Future<Output = BatchResult> + Send;
-    /// Publishes `batch` through publishers of its own (no message of another call shares its
-    /// requests: one request per ordering key, the unkeyed ones packed together), to learn
-    /// whether Pub/Sub refuses these messages or only a request they shared; a batch of one is a
-    /// message alone.
-    fn publish_apart(&self, batch: &[ClaimedMessage]) -> impl Future<Output = BatchResult> + Send;
     /// Whether the broker answers at all (used to tell an outage from a bad message).
     fn probe(&self, topic: &str) -> impl Future<Output = Result<(), ProbeError>> + Send;
     /// The attribute it adds to every message, carrying the dedupe key (the batch counts it
@@ -59,9 +50,9 @@ pub enum ProbeError {
     /// No answer (refused connection, timeout, transport failure): an outage, claiming pauses.
     #[error("{0}")]
     Unreachable(String),
-    /// The client refused the request before sending anything (a resource name that does not
-    /// match its template, a request it cannot encode): a configuration error, never an outage.
-    #[error("the Pub/Sub client refused the request before sending it: {0}")]
+    /// The request could not be sent at all (a topic name that cannot be a header value): a
+    /// configuration error, never an outage.
+    #[error("the request to Pub/Sub could not be sent: {0}")]
     Refused(String),
 }
 
@@ -107,36 +98,10 @@ impl ProbeClock {
     }
 }
 
-/// The most ordering keys of one publish whose requests are in flight at once. Pub/Sub takes one
-/// key per request, and every request in flight holds the client's buffers for it (its key's
-/// actor and channel, tonic's encode and decode buffers, an HTTP/2 stream: some tens of KiB), so
-/// 4 workers with batches of 500 one-row keys held about 2,000 of them (110 MiB resident). A
-/// batch with more keys sends them in waves of this many, one wave after the other: 4 workers
-/// keep up to 256 one-key requests in flight, about what one core can feed at a 30 ms round
-/// trip (~120 µs of CPU per one-key request; BENCHMARKS.md).
-const KEYS_PER_WAVE: usize = 64;
-
-/// `batch`'s indices in waves, each in the batch's order: the first holds every unkeyed message
-/// and the first [`KEYS_PER_WAVE`] keys, each next one the next keys; a key is whole in its wave.
-fn waves(batch: &[ClaimedMessage], keys_per_wave: usize) -> Vec<Vec<usize>> {
-    let mut wave_of: HashMap<(&str, &str), usize> = HashMap::new();
-    let mut waves: Vec<Vec<usize>> = vec![Vec::new()];
-    for (i, m) in batch.iter().enumerate() {
-        let wave = match m.ordering_key.as_deref() {
-            None => 0,
-            Some(key) => {
-                let seen = wave_of.len();
-                *wave_of
-                    .entry((m.topic.as_str(), key))
-                    .or_insert(seen / keys_per_wave.max(1))
-            }
-        };
-        if waves.len() <= wave {
-            waves.resize_with(wave + 1, Vec::new);
-        }
-        waves[wave].push(i);
-    }
-    waves
+/// `group` in at most `parts` parts of about equal size, in order.
+pub(crate) fn split(group: &[usize], parts: usize) -> Vec<Vec<usize>> {
+    let size = group.len().div_ceil(parts.max(1)).max(1);
+    group.chunks(size).map(<[usize]>::to_vec).collect()
 }
 
 /// The results of a batch sent in parts (each part's indices into the batch, with its results in
@@ -157,289 +122,229 @@ pub(crate) fn gather<'a>(
         .collect()
 }
 
-/// Lanes of unkeyed publishers (one per topic in each), one lane per concurrent caller (worker):
-/// the client's `flush()` waits for every in-flight batch of *its* publisher before it reads its
-/// queue again, so workers sharing one publisher would get one request in flight per process.
-/// Each call takes a free lane for its whole batch and gives it back after; a call that finds
-/// none free makes one, so there are as many lanes as calls ever ran at once (the workers), with
-/// no count to configure.
-#[derive(Debug, Default)]
-struct Lanes {
-    topics: Vec<HashMap<String, Publisher>>,
-    free: Vec<usize>,
+/// Pub/Sub's bound on a request's size; the dispatcher packs requests up to it, encoded.
+pub const MAX_REQUEST_BYTES: usize = 10_000_000;
+
+/// One request of a batch: its messages (indices into the batch) and its encoded size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Request {
+    pub of: Vec<usize>,
+    pub size: usize,
 }
 
-/// A lane taken for one publish; given back when dropped.
-struct LaneGuard<'a> {
-    lanes: &'a Mutex<Lanes>,
-    lane: usize,
+/// The requests of one topic and ordering key (or of one topic's unkeyed messages), in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Sequence {
+    /// Keyed: sent one after the other, stopping at a failure.
+    pub keyed: bool,
+    pub requests: Vec<Request>,
 }
 
-impl Drop for LaneGuard<'_> {
-    fn drop(&mut self) {
-        let mut lanes = match self.lanes.lock() {
-            Ok(l) => l,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        lanes.free.push(self.lane);
+/// `batch` as requests: one sequence per topic and key in the order they first appear, each
+/// message in its sequence's last request while it has fewer than 1,000 messages and stays
+/// within [`MAX_REQUEST_BYTES`] (a message too big for any request goes alone, and Pub/Sub says
+/// why; `limits` refuses those before they are claimed for publishing).
+pub(crate) fn plan(
+    batch: &[ClaimedMessage],
+    dedupe_attribute: &str,
+    max_bytes: usize,
+) -> Vec<Sequence> {
+    let mut of: HashMap<(&str, Option<&str>), usize> = HashMap::new();
+    let mut sequences: Vec<Sequence> = Vec::new();
+    for (i, m) in batch.iter().enumerate() {
+        let key = m.ordering_key.as_deref().filter(|k| !k.is_empty());
+        let at = *of.entry((m.topic.as_str(), key)).or_insert_with(|| {
+            sequences.push(Sequence {
+                keyed: key.is_some(),
+                requests: Vec::new(),
+            });
+            sequences.len() - 1
+        });
+        let adds = wire::in_request_len(wire::message_len(m, dedupe_attribute));
+        let requests = &mut sequences[at].requests;
+        match requests.last_mut() {
+            Some(r) if r.of.len() < MAX_MESSAGES_PER_REQUEST && r.size + adds <= max_bytes => {
+                r.of.push(i);
+                r.size += adds;
+            }
+            _ => requests.push(Request {
+                of: vec![i],
+                size: wire::topic_len(&m.topic) + adds,
+            }),
+        }
     }
+    sequences
 }
 
-/// [`Publish`] over the official `google-cloud-pubsub` client.
+/// [`Publish`] on the transport of this crate ([`Transport`]).
 #[derive(Debug, Clone)]
 pub struct PubsubPublisher {
-    base: BasePublisher,
-    admin: TopicAdmin,
-    lanes: Arc<Mutex<Lanes>>,
+    transport: Arc<Transport>,
     timeout: Duration,
-    delay: Duration,
     dedupe_attribute: String,
-    /// Where it publishes, for error messages.
-    endpoint: String,
     /// The probes' deadline, from the round trips seen.
     clock: Arc<ProbeClock>,
 }
 
 impl PubsubPublisher {
-    /// Builds the clients. Emulator: anonymous credentials; otherwise Application Default
+    /// Opens the transport. Emulator: no credentials; otherwise Application Default
     /// Credentials (Workload Identity on GKE).
     pub async fn connect(args: &PubsubConfig) -> Result<Self, DispatcherError> {
-        let endpoint = args.endpoint();
-        let emulator = args.emulator_host.is_some();
-        // The client's own retries stay well inside our timeout; longer horizons belong to the row.
-        let policy = RetryableErrors
-            .with_time_limit(args.publish_timeout.mul_f64(0.8))
-            .with_attempt_limit(5);
-        let mut base = BasePublisher::builder().with_retry_policy(policy);
-        let mut admin = TopicAdmin::builder();
-        if let Some(ep) = &endpoint {
-            base = base.with_endpoint(ep.clone());
-            admin = admin.with_endpoint(ep.clone());
-        }
-        if emulator {
-            base = base.with_credentials(anonymous());
-            admin = admin.with_credentials(anonymous());
-        }
-        let what = endpoint
-            .clone()
-            .unwrap_or_else(|| "pubsub.googleapis.com (the default endpoint)".to_owned());
-        let endpoint_name = what.clone();
-        let base = base
-            .build()
-            .await
-            .map_err(|e| DispatcherError::PubsubClient {
-                endpoint: what.clone(),
-                reason: e.to_string(),
-            })?;
-        let admin = admin
-            .build()
-            .await
-            .map_err(|e| DispatcherError::PubsubClient {
-                endpoint: what,
-                reason: e.to_string(),
-            })?;
         Ok(Self {
-            base,
-            admin,
-            lanes: Arc::default(),
+            transport: Arc::new(Transport::open(args)?),
             timeout: args.publish_timeout,
-            delay: args.publish_delay,
             dedupe_attribute: args.dedupe_attribute.clone(),
-            endpoint: endpoint_name,
             clock: Arc::default(),
         })
     }
 
-    fn build_publisher(&self, topic: &str) -> Publisher {
-        self.base
-            .publisher(topic.to_owned())
-            .set_message_count_threshold(outbox_shared::limits::MAX_MESSAGES_PER_REQUEST as u32)
-            // Leave room under the 10 MB request limit for framing.
-            .set_byte_threshold(9_000_000)
-            .set_delay_threshold(self.delay)
-            .build()
-    }
-
-    /// Takes a free lane (or makes one) and picks a
-    /// publisher for every message of `batch` (in order): the lane's publisher of the topic for
-    /// an unkeyed message, for a keyed one a publisher of the topic built for this batch alone
-    /// (see the module doc).
-    fn route(&self, batch: &[ClaimedMessage]) -> (LaneGuard<'_>, Vec<Publisher>) {
-        let mut lanes = match self.lanes.lock() {
-            Ok(l) => l,
-            Err(poisoned) => poisoned.into_inner(),
+    /// One request: its messages' ids, or why not (the same for each of them).
+    async fn send(
+        &self,
+        batch: &[ClaimedMessage],
+        request: &Request,
+        deadline: Instant,
+    ) -> BatchResult {
+        let Some(first) = request.of.first().map(|i| &batch[*i]) else {
+            return Vec::new();
         };
-        let lane = match lanes.free.pop() {
-            Some(lane) => lane,
-            None => {
-                lanes.topics.push(HashMap::new());
-                lanes.topics.len() - 1
+        let topic = first.topic.as_str();
+        let body = || {
+            wire::publish_request(
+                topic,
+                request.of.iter().map(|i| {
+                    let m = &batch[*i];
+                    (m, wire::message_len(m, &self.dedupe_attribute))
+                }),
+                &self.dedupe_attribute,
+                request.size,
+            )
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        let started = Instant::now();
+        let answer: Result<wire::PublishResponse, Failed> =
+            self.transport.call(wire::PUBLISH, topic, body, left).await;
+        match answer {
+            Ok(answer) if answer.message_ids.len() == request.of.len() => {
+                self.clock.answered(started.elapsed());
+                answer.message_ids.into_iter().map(Ok).collect()
             }
-        };
-        let unkeyed = &mut lanes.topics[lane];
-        let mut keyed: HashMap<&str, Publisher> = HashMap::new();
-        let routes = batch
-            .iter()
-            .map(|m| match m.ordering_key {
-                None => unkeyed
-                    .entry(m.topic.clone())
-                    .or_insert_with(|| self.build_publisher(&m.topic))
-                    .clone(),
-                Some(_) => keyed
-                    .entry(m.topic.as_str())
-                    .or_insert_with(|| self.build_publisher(&m.topic))
-                    .clone(),
-            })
-            .collect();
-        drop(lanes);
-        let guard = LaneGuard {
-            lanes: &self.lanes,
-            lane,
-        };
-        (guard, routes)
-    }
-
-    /// Publishes each message of `batch` through its publisher (`routes`, in order), flushes each
-    /// publisher once, and waits for every result under the publish timeout.
-    async fn send(&self, batch: &[ClaimedMessage], routes: &[Publisher]) -> BatchResult {
-        let mut pending = Vec::with_capacity(batch.len());
-        let mut to_flush: HashMap<(&str, bool), &Publisher> = HashMap::new();
-        for (m, publisher) in batch.iter().zip(routes) {
-            pending.push(publisher.publish(self.to_message(m)));
-            to_flush
-                .entry((m.topic.as_str(), m.ordering_key.is_some()))
-                .or_insert(publisher);
-        }
-        // Everything is queued: send it now instead of after the delay threshold, once per
-        // publisher (a keyed one has seen only this batch's keys).
-        for publisher in to_flush.into_values() {
-            let publisher = publisher.clone();
-            tokio::spawn(async move { publisher.flush().await });
-        }
-        let all = futures::future::join_all(pending);
-        let started = std::time::Instant::now();
-        match tokio::time::timeout(self.timeout, all).await {
-            Ok(results) => {
-                if results.iter().any(Result::is_ok) {
+            Ok(answer) => {
+                let failure = PublishFailure::transient(format!(
+                    "Pub/Sub answered with {} message ids for {} messages",
+                    answer.message_ids.len(),
+                    request.of.len()
+                ));
+                vec![Err(failure); request.of.len()]
+            }
+            Err(failed) => {
+                if matches!(failed, Failed::Answered(_)) {
                     self.clock.answered(started.elapsed());
                 }
-                results
-                    .into_iter()
-                    .map(|r| r.map_err(|e| classify(&e)))
-                    .collect()
+                vec![Err(classify(&failed)); request.of.len()]
             }
+        }
+    }
+
+    /// A sequence's requests: all at once, or (keyed) one after the other until one fails, the
+    /// rest not attempted.
+    async fn send_sequence<'s>(
+        &self,
+        batch: &[ClaimedMessage],
+        sequence: &'s Sequence,
+        deadline: Instant,
+    ) -> Vec<(&'s [usize], BatchResult)> {
+        if !sequence.keyed {
+            let sent = futures::future::join_all(
+                sequence
+                    .requests
+                    .iter()
+                    .map(|r| self.send(batch, r, deadline)),
+            )
+            .await;
+            return sequence
+                .requests
+                .iter()
+                .map(|r| r.of.as_slice())
+                .zip(sent)
+                .collect();
+        }
+        let mut results = Vec::with_capacity(sequence.requests.len());
+        let mut failed = false;
+        for request in &sequence.requests {
+            let result = if failed {
+                let held = PublishFailure {
+                    kind: FailureKind::NotAttempted,
+                    message: "not sent: an earlier request of its ordering key failed".to_owned(),
+                };
+                vec![Err(held); request.of.len()]
+            } else {
+                let result = self.send(batch, request, deadline).await;
+                failed = result.iter().any(Result::is_err);
+                result
+            };
+            results.push((request.of.as_slice(), result));
+        }
+        results
+    }
+}
+
+impl Publish for PubsubPublisher {
+    async fn publish(&self, batch: &[ClaimedMessage]) -> BatchResult {
+        let plan = plan(batch, &self.dedupe_attribute, MAX_REQUEST_BYTES);
+        let deadline = Instant::now() + self.timeout;
+        let all = futures::future::join_all(
+            plan.iter()
+                .map(|sequence| self.send_sequence(batch, sequence, deadline)),
+        );
+        match tokio::time::timeout(self.timeout, all).await {
+            Ok(sent) => gather(batch.len(), sent.into_iter().flatten()),
             Err(_) => {
                 let failure = PublishFailure::transient(format!(
                     "publish did not complete within {:?} (Pub/Sub slow or unreachable at {})",
-                    self.timeout, self.endpoint
+                    self.timeout,
+                    self.transport.endpoint()
                 ));
                 vec![Err(failure); batch.len()]
             }
         }
     }
 
-    /// The client's message for `m`: the payload shared (not copied), the attributes collected
-    /// once (the client's own map is built straight from the row's and the dedupe key).
-    fn to_message(&self, m: &ClaimedMessage) -> Message {
-        let attributes = m
-            .attributes
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .chain(std::iter::once((
-                self.dedupe_attribute.clone(),
-                m.dedupe_key.clone(),
-            )));
-        let msg = Message::new()
-            .set_data(m.payload.clone())
-            .set_attributes(attributes);
-        match &m.ordering_key {
-            Some(key) => msg.set_ordering_key(key.clone()),
-            None => msg,
-        }
-    }
-}
-
-fn anonymous() -> google_cloud_auth::credentials::Credentials {
-    google_cloud_auth::credentials::anonymous::Builder::new().build()
-}
-
-impl Publish for PubsubPublisher {
-    async fn publish(&self, batch: &[ClaimedMessage]) -> BatchResult {
-        let waves = waves(batch, KEYS_PER_WAVE);
-        if let [_] = waves.as_slice() {
-            let (_lane, routes) = self.route(batch);
-            return self.send(batch, &routes).await;
-        }
-        let mut sent = Vec::with_capacity(waves.len());
-        for wave in &waves {
-            let part: Vec<ClaimedMessage> = wave.iter().map(|i| batch[*i].clone()).collect();
-            let (_lane, routes) = self.route(&part);
-            sent.push(self.send(&part, &routes).await);
-        }
-        gather(batch.len(), waves.iter().map(Vec::as_slice).zip(sent))
-    }
-
-    async fn publish_apart(&self, batch: &[ClaimedMessage]) -> BatchResult {
-        // Publishers of its own, dropped after: they leave no paused key and no state behind.
-        let mut own: HashMap<(&str, bool), Publisher> = HashMap::new();
-        let routes: Vec<Publisher> = batch
-            .iter()
-            .map(|m| {
-                own.entry((m.topic.as_str(), m.ordering_key.is_some()))
-                    .or_insert_with(|| self.build_publisher(&m.topic))
-                    .clone()
-            })
-            .collect();
-        self.send(batch, &routes).await
-    }
-
     async fn probe(&self, topic: &str) -> Result<(), ProbeError> {
         let deadline = self.clock.deadline(self.timeout);
-        let (admin, clock, cap, name) = (
-            self.admin.clone(),
+        let (transport, clock, cap, name) = (
+            self.transport.clone(),
             self.clock.clone(),
             self.timeout,
             topic.to_owned(),
         );
         // Spawned, so that an answer after the deadline still teaches the clock (see ProbeClock).
         let mut call = tokio::spawn(async move {
-            let started = std::time::Instant::now();
-            let answer = tokio::time::timeout(cap, admin.get_topic().set_topic(name).send()).await;
-            let answered = match &answer {
-                Ok(Ok(_)) => true,
-                Ok(Err(e)) => e.status().is_some() || e.http_status_code().is_some(),
-                Err(_) => false,
-            };
-            if answered {
+            let started = Instant::now();
+            let body = || wire::get_topic_request(&name);
+            let answer: Result<wire::Topic, Failed> =
+                transport.call(wire::GET_TOPIC, &name, body, cap).await;
+            if matches!(answer, Ok(_) | Err(Failed::Answered(_))) {
                 clock.answered(started.elapsed());
             }
             answer
         });
-        let answer = match tokio::time::timeout(deadline, &mut call).await {
-            Ok(Ok(Ok(answer))) => Ok(answer),
-            Ok(Ok(Err(_))) | Err(_) => Err(()),
-            Ok(Err(join)) => {
-                return Err(ProbeError::Unreachable(format!(
-                    "the probe of Pub/Sub at {} did not run: {join}",
-                    self.endpoint
-                )));
+        let endpoint = self.transport.endpoint();
+        match tokio::time::timeout(deadline, &mut call).await {
+            // The broker answered; the topic (or our access to it) may be the problem, not an
+            // outage.
+            Ok(Ok(Ok(_) | Err(Failed::Answered(_)))) => Ok(()),
+            Ok(Ok(Err(Failed::NotSent(why)))) => {
+                Err(ProbeError::Refused(format!("topic {topic:?}: {why}")))
             }
-        };
-        match answer {
-            Ok(Ok(_)) => Ok(()),
-            // The broker answered; the topic (or our access to it) is the problem, not an outage.
-            Ok(Err(e)) if e.status().is_some() || e.http_status_code().is_some() => Ok(()),
-            Ok(Err(e)) if classify::refused_before_sending(&e) => {
-                Err(ProbeError::Refused(format!("topic {topic:?}: {e}")))
-            }
-            Ok(Err(e)) => Err(ProbeError::Unreachable(format!(
-                "Pub/Sub at {} does not answer: {}",
-                self.endpoint,
-                classify::describe(&e)
+            Ok(Ok(Err(Failed::NoAnswer(why) | Failed::Credentials(why)))) => Err(
+                ProbeError::Unreachable(format!("Pub/Sub at {endpoint} does not answer: {why}")),
+            ),
+            Ok(Err(join)) => Err(ProbeError::Unreachable(format!(
+                "the probe of Pub/Sub at {endpoint} did not run: {join}"
             ))),
             Err(_) => Err(ProbeError::Unreachable(format!(
-                "Pub/Sub at {} gave no answer within {deadline:?}",
-                self.endpoint
+                "Pub/Sub at {endpoint} gave no answer within {deadline:?}"
             ))),
         }
     }
@@ -466,28 +371,76 @@ mod tests {
         }
     }
 
+    fn sized(id: i64, key: Option<&str>, bytes: usize) -> ClaimedMessage {
+        let mut m = msg(id, key);
+        m.payload = bytes::Bytes::from(vec![0u8; bytes]);
+        m
+    }
+
     #[test]
-    fn a_batch_over_many_keys_goes_in_waves_of_whole_keys_with_the_unkeyed_first() {
-        let batch = vec![
+    fn a_request_holds_one_topic_and_key_at_most_1000_messages_and_its_byte_bound() {
+        let mut batch = vec![
             msg(1, Some("a")),
             msg(2, None),
             msg(3, Some("b")),
             msg(4, Some("a")),
-            msg(5, Some("c")),
-            msg(6, None),
-            msg(7, Some("b")),
+            msg(5, Some("")),
         ];
+        let mut other = msg(6, None);
+        other.topic = "projects/p/topics/u".to_owned();
+        batch.push(other);
+        let of = |p: &[Sequence]| -> Vec<(bool, Vec<Vec<usize>>)> {
+            p.iter()
+                .map(|s| (s.keyed, s.requests.iter().map(|r| r.of.clone()).collect()))
+                .collect()
+        };
         assert_eq!(
-            waves(&batch, 2),
-            vec![vec![0, 1, 2, 3, 5, 6], vec![4]],
-            "keys a and b (whole) with the unkeyed, then c"
+            of(&plan(&batch, "d", MAX_REQUEST_BYTES)),
+            vec![
+                (true, vec![vec![0, 3]]),
+                (false, vec![vec![1, 4]]),
+                (true, vec![vec![2]]),
+                (false, vec![vec![5]]),
+            ],
+            "a key's rows together, unkeyed (an empty key is none) per topic, in first-seen order"
         );
+        let many: Vec<ClaimedMessage> = (0..2500).map(|i| msg(i, None)).collect();
+        let sizes: Vec<usize> = plan(&many, "d", MAX_REQUEST_BYTES)[0]
+            .requests
+            .iter()
+            .map(|r| r.of.len())
+            .collect();
+        assert_eq!(sizes, vec![1000, 1000, 500]);
+        let big: Vec<ClaimedMessage> = (0..5).map(|i| sized(i, Some("k"), 3_000_000)).collect();
+        let p = plan(&big, "d", MAX_REQUEST_BYTES);
+        let counts: Vec<usize> = p[0].requests.iter().map(|r| r.of.len()).collect();
         assert_eq!(
-            waves(&batch, 3),
-            vec![(0..7).collect::<Vec<_>>()],
-            "one wave"
+            counts,
+            vec![3, 2],
+            "3 x 3 MB fit in 10 MB, a fourth does not"
         );
-        assert_eq!(waves(&[], 3), vec![Vec::<usize>::new()]);
+        for r in &p[0].requests {
+            assert!(r.size <= MAX_REQUEST_BYTES, "{}", r.size);
+            let encoded = wire::publish_request(
+                &big[0].topic,
+                r.of.iter()
+                    .map(|i| (&big[*i], wire::message_len(&big[*i], "d"))),
+                "d",
+                r.size,
+            );
+            assert_eq!(
+                encoded.len(),
+                r.size,
+                "the planned size is the encoded size"
+            );
+        }
+        let huge = [sized(1, None, 12_000_000), sized(2, None, 10)];
+        let counts: Vec<usize> = plan(&huge, "d", MAX_REQUEST_BYTES)[0]
+            .requests
+            .iter()
+            .map(|r| r.of.len())
+            .collect();
+        assert_eq!(counts, vec![1, 1], "an oversize message goes alone");
     }
 
     #[test]

@@ -17,8 +17,8 @@ use outbox_shared::ClaimedMessage;
 
 use crate::classify::FailureKind;
 use crate::decide::Attempt;
-use crate::dispatch::Dispatch;
-use crate::publisher::{BatchResult, Publish};
+use crate::metrics::Metrics;
+use crate::publisher::{BatchResult, Publish, gather, split};
 
 /// How many parts a storming topic's unkeyed rows are sent in (as isolation's first round).
 pub(crate) const PARTS: usize = 16;
@@ -86,13 +86,17 @@ impl Storms {
     }
 }
 
-/// Publishes `batch`, the unkeyed messages of storming topics in [`PARTS`] parts through
-/// [`Publish::publish_apart`] (each part in requests of its own, counted as sent apart), the rest
-/// as one call to [`Publish::publish`]; all at once. One result per message, in order.
-pub(crate) async fn publish<P: Publish>(d: &Dispatch<P>, batch: &[ClaimedMessage]) -> BatchResult {
-    let publisher = d.publisher.as_ref();
+/// Publishes `batch`, the unkeyed messages of storming topics in [`PARTS`] parts (each part a
+/// call of its own, so in requests of its own; counted as isolation publishes), the rest as one
+/// call; all at once. One result per message, in order.
+pub(crate) async fn publish<P: Publish>(
+    storms: &Storms,
+    publisher: &P,
+    metrics: &Metrics,
+    batch: &[ClaimedMessage],
+) -> BatchResult {
     let in_parts: Vec<usize> = {
-        let topics = d.storms.topics();
+        let topics = storms.topics();
         if topics.is_empty() {
             Vec::new()
         } else {
@@ -104,8 +108,8 @@ pub(crate) async fn publish<P: Publish>(d: &Dispatch<P>, batch: &[ClaimedMessage
     if in_parts.len() < 2 {
         return publisher.publish(batch).await;
     }
-    let parts = crate::batch::split(&in_parts, PARTS);
-    d.metrics.isolation_publishes.inc_by(parts.len() as u64);
+    let parts = split(&in_parts, PARTS);
+    metrics.isolation_publishes.inc_by(parts.len() as u64);
     let rest: Vec<usize> = {
         let set: HashSet<usize> = in_parts.iter().copied().collect();
         (0..batch.len()).filter(|i| !set.contains(i)).collect()
@@ -122,7 +126,7 @@ pub(crate) async fn publish<P: Publish>(d: &Dispatch<P>, batch: &[ClaimedMessage
     };
     let parts_sent = futures::future::join_all(parts.iter().map(|part| {
         let part_batch = copy(part);
-        async move { publisher.publish_apart(&part_batch).await }
+        async move { publisher.publish(&part_batch).await }
     }));
     let (rest_results, part_results) = futures::join!(rest_sent, parts_sent);
     let sent = parts
@@ -130,5 +134,5 @@ pub(crate) async fn publish<P: Publish>(d: &Dispatch<P>, batch: &[ClaimedMessage
         .map(Vec::as_slice)
         .zip(part_results)
         .chain(std::iter::once((rest.as_slice(), rest_results)));
-    crate::publisher::gather(batch.len(), sent)
+    gather(batch.len(), sent)
 }

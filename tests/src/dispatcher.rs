@@ -21,7 +21,6 @@ pub fn config_for(pubsub_host: &str) -> DispatcherConfig {
     let mut c = DispatcherConfig {
         pubsub: PubsubConfig {
             publish_timeout: Duration::from_secs(5),
-            publish_delay: Duration::from_millis(1),
             ..PubsubConfig::emulator(pubsub_host, crate::env::pubsub_project())
         },
         listen_addr: SocketAddr::from(([127, 0, 0, 1], 0)),

@@ -11,7 +11,8 @@
 //!   `outbox_dispatcher::fault`); [`http_faults`]: scripted HTTP failures (HTML 502, bare 503) in
 //!   front of bqemulator; [`process`]: every child process (one builder: environment, log file,
 //!   the bound address read back from the log); [`operator`]: the operator commands as on-call
-//!   runs them.
+//!   runs them; [`grpc_recorder`]: every gRPC call to the emulator recorded (headers, decoded
+//!   `Publish` requests), over TLS of a private CA when asked.
 //! - [`iap`]: a stand-in for Identity-Aware Proxy (its keys, signed assertions) for the console.
 //! - [`bigquery`]: tables on bqemulator; [`producer`]: the producer's fixtures (the orders table
 //!   and stream, settings, an in-process run, the watermark and outbox reads).
@@ -23,6 +24,7 @@ pub mod detached;
 pub mod dispatcher;
 pub mod env;
 pub mod fixtures;
+pub mod grpc_recorder;
 pub mod http_faults;
 pub mod iap;
 pub mod ledger;

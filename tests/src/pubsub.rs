@@ -156,8 +156,19 @@ impl TestTopic {
 }
 
 async fn create_subscription(topic: &str, subscription: &str, ordered: bool, ack_deadline: i32) {
+    create_subscription_at(&endpoint(), topic, subscription, ordered, ack_deadline).await;
+}
+
+/// Creates a subscription on the emulator at `endpoint` (`http://host:port`).
+pub async fn create_subscription_at(
+    endpoint: &str,
+    topic: &str,
+    subscription: &str,
+    ordered: bool,
+    ack_deadline: i32,
+) {
     let subs = SubscriptionAdmin::builder()
-        .with_endpoint(endpoint())
+        .with_endpoint(endpoint)
         .with_credentials(anonymous())
         .build()
         .await
@@ -226,8 +237,13 @@ pub async fn create_topic(topic: &str) {
 }
 
 async fn create_topic_with(topic: &str, schema: Option<String>) {
+    create_topic_at(&endpoint(), topic, schema).await;
+}
+
+/// Creates a topic (full name) on the emulator at `endpoint` (`http://host:port`).
+pub async fn create_topic_at(endpoint: &str, topic: &str, schema: Option<String>) {
     let topics = TopicAdmin::builder()
-        .with_endpoint(endpoint())
+        .with_endpoint(endpoint)
         .with_credentials(anonymous())
         .build()
         .await
@@ -248,8 +264,13 @@ async fn create_topic_with(topic: &str, schema: Option<String>) {
 
 /// A streaming pull of `subscription` on the emulator, as a consumer opens one.
 pub async fn stream(subscription: &str) -> MessageStream {
+    stream_at(&endpoint(), subscription).await
+}
+
+/// A streaming pull of `subscription` on the emulator at `endpoint` (`http://host:port`).
+pub async fn stream_at(endpoint: &str, subscription: &str) -> MessageStream {
     let client = Subscriber::builder()
-        .with_endpoint(endpoint())
+        .with_endpoint(endpoint)
         .with_credentials(anonymous())
         .build()
         .await

@@ -36,21 +36,46 @@ pub struct TokenRequest {
 pub struct TokenServer {
     base: String,
     requests: Arc<Mutex<Vec<TokenRequest>>>,
+    issued: Arc<Mutex<Vec<Issued>>>,
     accept: AbortHandle,
 }
 
+/// A token `POST …/token` handed out by an expiring stand-in ([`TokenServer::start_expiring`]).
+#[derive(Debug, Clone)]
+pub struct Issued {
+    /// `stand-in-user-token-N`.
+    pub token: String,
+    /// When it was handed out, and when it expires.
+    pub at: std::time::Instant,
+    pub expires: std::time::Instant,
+}
+
 impl TokenServer {
-    /// Starts on a free loopback port.
+    /// Starts on a free loopback port; its tokens last an hour.
     pub async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// Starts on a free loopback port; `POST …/token` hands out a new token each time
+    /// (`stand-in-user-token-1`, `-2`, …) that expires after `expires_in`, and records each
+    /// ([`Self::issued`]).
+    pub async fn start_expiring(expires_in: std::time::Duration) -> Self {
+        Self::start_with(Some(expires_in)).await
+    }
+
+    async fn start_with(expiring: Option<std::time::Duration>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind a loopback port");
         let base = format!("http://{}", listener.local_addr().expect("bound address"));
         let requests: Arc<Mutex<Vec<TokenRequest>>> = Arc::default();
+        let issued: Arc<Mutex<Vec<Issued>>> = Arc::default();
         let seen = requests.clone();
+        let handed = issued.clone();
         let accept = tokio::spawn(async move {
             while let Ok((mut client, _)) = listener.accept().await {
                 let seen = seen.clone();
+                let handed = handed.clone();
                 tokio::spawn(async move {
                     let Ok((head, body)) = read_request(&mut client).await else {
                         return;
@@ -69,9 +94,26 @@ impl TokenServer {
                             "expires_in": 3600,
                         }))
                     } else if path.ends_with("/token") {
+                        let (token, expires_in) = match expiring {
+                            None => (USER_TOKEN.to_owned(), 3600),
+                            Some(lasts) => {
+                                let mut handed = match handed.lock() {
+                                    Ok(h) => h,
+                                    Err(poisoned) => poisoned.into_inner(),
+                                };
+                                let token = format!("{USER_TOKEN}-{}", handed.len() + 1);
+                                let at = std::time::Instant::now();
+                                handed.push(Issued {
+                                    token: token.clone(),
+                                    at,
+                                    expires: at + lasts,
+                                });
+                                (token, lasts.as_secs())
+                            }
+                        };
                         Some(serde_json::json!({
-                            "access_token": USER_TOKEN,
-                            "expires_in": 3600,
+                            "access_token": token,
+                            "expires_in": expires_in,
                             "token_type": "Bearer",
                         }))
                     } else {
@@ -101,6 +143,7 @@ impl TokenServer {
         Self {
             base,
             requests,
+            issued,
             accept,
         }
     }
@@ -108,6 +151,11 @@ impl TokenServer {
     /// `http://127.0.0.1:<port><path>`.
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
+    }
+
+    /// The tokens an expiring stand-in handed out, in order.
+    pub fn issued(&self) -> Vec<Issued> {
+        self.issued.lock().map(|i| i.clone()).unwrap_or_default()
     }
 
     /// Every request so far, in order.

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, SubsecRound, Utc};
-use google_cloud_gax::error::rpc::Code;
+use outbox_dispatcher::Code;
 
 use harness::db::TestDb;
 use harness::dispatcher::{self as test_dispatcher, Running, real_publisher};

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use google_cloud_gax::error::rpc::Code;
+use outbox_dispatcher::Code;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 

@@ -25,3 +25,4 @@ mod schema;
 mod services;
 mod sidecar;
 mod throughput;
+mod transport;

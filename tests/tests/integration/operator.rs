@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use google_cloud_gax::error::rpc::Code;
+use outbox_dispatcher::Code;
 use serde_json::Value;
 
 use harness::db::TestDb;

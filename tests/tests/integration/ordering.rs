@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use google_cloud_gax::error::rpc::Code;
+use outbox_dispatcher::Code;
 
 use harness::db::TestDb;
 use harness::dispatcher::{self as test_dispatcher, drain, real_publisher};

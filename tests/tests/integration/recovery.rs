@@ -180,9 +180,6 @@ impl Publish for Wedged {
     async fn publish(&self, _batch: &[ClaimedMessage]) -> BatchResult {
         std::future::pending().await
     }
-    async fn publish_apart(&self, _batch: &[ClaimedMessage]) -> BatchResult {
-        std::future::pending().await
-    }
     async fn probe(&self, _topic: &str) -> Result<(), ProbeError> {
         Ok(())
     }

@@ -83,9 +83,6 @@ pub struct DispatchArgs {
     /// Project of the bench topic.
     #[arg(long, env = "PUBSUB_PROJECT_ID", default_value = "outbox-bench")]
     pub pubsub_project: String,
-    /// How long the client may wait to fill a request (the dispatcher's --publish-delay).
-    #[arg(long, default_value = "5ms", value_parser = parse_duration)]
-    pub publish_delay: Duration,
     /// Upper bound on one batch publish (the dispatcher's --publish-timeout).
     #[arg(long, default_value = "20s", value_parser = parse_duration)]
     pub publish_timeout: Duration,
@@ -238,7 +235,6 @@ fn config(args: &DispatchArgs) -> DispatcherConfig {
     let mut c = DispatcherConfig {
         pubsub: PubsubConfig {
             publish_timeout: args.publish_timeout,
-            publish_delay: args.publish_delay,
             ..PubsubConfig::emulator(&args.pubsub_emulator_host, &args.pubsub_project)
         },
         workers: args.workers,
