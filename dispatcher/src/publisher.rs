@@ -26,7 +26,7 @@ use outbox_shared::limits::MAX_MESSAGES_PER_REQUEST;
 use crate::classify::{FailureKind, PublishFailure, classify};
 use crate::config::PubsubConfig;
 use crate::error::DispatcherError;
-use crate::transport::{Failed, Transport};
+use crate::transport::{Failed, Route, Transport};
 use crate::wire;
 
 /// One result per message of a batch, in the batch's order: the Pub/Sub message id or why not.
@@ -203,12 +203,19 @@ impl PubsubPublisher {
         &self,
         batch: &[ClaimedMessage],
         request: &Request,
+        route: &Result<Route, String>,
         deadline: Instant,
     ) -> BatchResult {
         let Some(first) = request.of.first().map(|i| &batch[*i]) else {
             return Vec::new();
         };
         let topic = first.topic.as_str();
+        let route = match route {
+            Ok(route) => route,
+            Err(why) => {
+                return vec![Err(classify(&Failed::NotSent(why.clone()))); request.of.len()];
+            }
+        };
         let body = || {
             wire::publish_request(
                 topic,
@@ -223,7 +230,7 @@ impl PubsubPublisher {
         let left = deadline.saturating_duration_since(Instant::now());
         let started = Instant::now();
         let answer: Result<wire::PublishResponse, Failed> =
-            self.transport.call(wire::PUBLISH, topic, body, left).await;
+            self.transport.call(wire::PUBLISH, route, body, left).await;
         match answer {
             Ok(answer) if answer.message_ids.len() == request.of.len() => {
                 self.clock.answered(started.elapsed());
@@ -252,14 +259,22 @@ impl PubsubPublisher {
         &self,
         batch: &[ClaimedMessage],
         sequence: &'s Sequence,
+        routes: &HashMap<&str, Result<Route, String>>,
         deadline: Instant,
     ) -> Vec<(&'s [usize], BatchResult)> {
+        let topic = sequence
+            .requests
+            .first()
+            .and_then(|r| r.of.first())
+            .map_or("", |i| batch[*i].topic.as_str());
+        let unroutable = Err(format!("topic {topic:?} has no route"));
+        let route = routes.get(topic).unwrap_or(&unroutable);
         if !sequence.keyed {
             let sent = futures::future::join_all(
                 sequence
                     .requests
                     .iter()
-                    .map(|r| self.send(batch, r, deadline)),
+                    .map(|r| self.send(batch, r, route, deadline)),
             )
             .await;
             return sequence
@@ -279,7 +294,7 @@ impl PubsubPublisher {
                 };
                 vec![Err(held); request.of.len()]
             } else {
-                let result = self.send(batch, request, deadline).await;
+                let result = self.send(batch, request, route, deadline).await;
                 failed = result.iter().any(Result::is_err);
                 result
             };
@@ -293,9 +308,20 @@ impl Publish for PubsubPublisher {
     async fn publish(&self, batch: &[ClaimedMessage]) -> BatchResult {
         let plan = plan(batch, &self.dedupe_attribute, MAX_REQUEST_BYTES);
         let deadline = Instant::now() + self.timeout;
+        let mut routes: HashMap<&str, Result<Route, String>> = HashMap::new();
+        for m in batch {
+            if !routes.contains_key(m.topic.as_str()) {
+                let route = Transport::route(&m.topic).map_err(|f| match f {
+                    Failed::NotSent(why) => why,
+                    other => format!("{other:?}"),
+                });
+                routes.insert(m.topic.as_str(), route);
+            }
+        }
+        let routes = &routes;
         let all = futures::future::join_all(
             plan.iter()
-                .map(|sequence| self.send_sequence(batch, sequence, deadline)),
+                .map(|sequence| self.send_sequence(batch, sequence, routes, deadline)),
         );
         match tokio::time::timeout(self.timeout, all).await {
             Ok(sent) => gather(batch.len(), sent.into_iter().flatten()),
@@ -322,8 +348,14 @@ impl Publish for PubsubPublisher {
         let mut call = tokio::spawn(async move {
             let started = Instant::now();
             let body = || wire::get_topic_request(&name);
-            let answer: Result<wire::Topic, Failed> =
-                transport.call(wire::GET_TOPIC, &name, body, cap).await;
+            let call = async {
+                let route = Transport::route(&name)?;
+                transport.call(wire::GET_TOPIC, &route, body, cap).await
+            };
+            let answer: Result<wire::Topic, Failed> = match tokio::time::timeout(cap, call).await {
+                Ok(answer) => answer,
+                Err(_) => Err(Failed::NoAnswer(format!("no answer within {cap:?}"))),
+            };
             if matches!(answer, Ok(_) | Err(Failed::Answered(_))) {
                 clock.answered(started.elapsed());
             }

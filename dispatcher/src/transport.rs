@@ -198,67 +198,69 @@ impl Transport {
         &self.endpoint
     }
 
-    /// Calls `path` with the encoded request `body` (made once a stream is free) about `topic`,
-    /// answered within `timeout`.
+    /// The routing header of requests about `topic` (`x-goog-request-params: topic=…`), made
+    /// once per topic of a batch; a topic that cannot be a header value is never sent.
+    pub(crate) fn route(topic: &str) -> Result<Route, Failed> {
+        let params = format!(
+            "topic={}",
+            form_urlencoded::byte_serialize(topic.as_bytes()).collect::<String>()
+        );
+        MetadataValue::try_from(params).map(Route).map_err(|e| {
+            Failed::NotSent(format!("topic {topic:?} cannot be sent as a header: {e}"))
+        })
+    }
+
+    /// Calls `path` with the encoded request `body` (made once a stream is free), routed by
+    /// `route`, carrying `timeout` as its `grpc-timeout`. The caller bounds the wait (a publish
+    /// by `--publish-timeout` for the whole batch, the probe by its deadline): one timer per
+    /// batch, not one per request.
     pub(crate) async fn call<R: prost::Message + Default + Send + Sync + 'static>(
         &self,
         path: &'static str,
-        topic: &str,
+        route: &Route,
         body: impl FnOnce() -> Bytes,
         timeout: Duration,
     ) -> Result<R, Failed> {
-        let call = async {
-            let _stream = self
-                .streams
-                .acquire()
-                .await
-                .map_err(|_| Failed::NoAnswer("the transport is closed".to_owned()))?;
-            let mut metadata = match &self.auth {
-                Some(auth) => MetadataMap::from_headers(auth.headers().await?),
-                None => MetadataMap::new(),
-            };
-            let params = format!(
-                "topic={}",
-                form_urlencoded::byte_serialize(topic.as_bytes()).collect::<String>()
-            );
-            let params = MetadataValue::try_from(params).map_err(|e| {
-                Failed::NotSent(format!("topic {topic:?} cannot be sent as a header: {e}"))
-            })?;
-            metadata.insert("x-goog-request-params", params);
-            metadata.insert("x-goog-api-client", self.api_client.clone());
-            let mut request = tonic::Request::from_parts(metadata, Default::default(), body());
-            request.set_timeout(timeout);
-            let i = self.next.fetch_add(1, Ordering::Relaxed) % self.channels.len();
-            let mut grpc = tonic::client::Grpc::new(self.channels[i].clone());
-            grpc.ready().await.map_err(|e| {
-                Failed::NoAnswer(innermost(
-                    &format!("cannot connect to {}", self.endpoint),
-                    &e,
-                ))
-            })?;
-            let path = http::uri::PathAndQuery::from_static(path);
-            match grpc
-                .unary(request, path, crate::wire::Codec::<R>::default())
-                .await
-            {
-                Ok(answer) => Ok(answer.into_inner()),
-                // A status made from a local error (no connection, a broken stream) carries it
-                // as its source; one the server sent does not.
-                Err(status) if std::error::Error::source(&status).is_some() => Err(
-                    Failed::NoAnswer(innermost(&format!("{} failed", self.endpoint), &status)),
-                ),
-                Err(status) => Err(Failed::Answered(status)),
-            }
+        let _stream = self
+            .streams
+            .acquire()
+            .await
+            .map_err(|_| Failed::NoAnswer("the transport is closed".to_owned()))?;
+        let mut metadata = match &self.auth {
+            Some(auth) => MetadataMap::from_headers(auth.headers().await?),
+            None => MetadataMap::new(),
         };
-        match tokio::time::timeout(timeout, call).await {
-            Ok(result) => result,
-            Err(_) => Err(Failed::NoAnswer(format!(
-                "no answer from {} within {timeout:?}",
-                self.endpoint
-            ))),
+        metadata.insert("x-goog-request-params", route.0.clone());
+        metadata.insert("x-goog-api-client", self.api_client.clone());
+        let mut request = tonic::Request::from_parts(metadata, Default::default(), body());
+        request.set_timeout(timeout);
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.channels.len();
+        let mut grpc = tonic::client::Grpc::new(self.channels[i].clone());
+        grpc.ready().await.map_err(|e| {
+            Failed::NoAnswer(innermost(
+                &format!("cannot connect to {}", self.endpoint),
+                &e,
+            ))
+        })?;
+        let path = http::uri::PathAndQuery::from_static(path);
+        match grpc
+            .unary(request, path, crate::wire::Codec::<R>::default())
+            .await
+        {
+            Ok(answer) => Ok(answer.into_inner()),
+            // A status made from a local error (no connection, a broken stream) carries it as
+            // its source; one the server sent does not.
+            Err(status) if std::error::Error::source(&status).is_some() => Err(Failed::NoAnswer(
+                innermost(&format!("{} failed", self.endpoint), &status),
+            )),
+            Err(status) => Err(Failed::Answered(status)),
         }
     }
 }
+
+/// A topic's routing header, made by [`Transport::route`].
+#[derive(Debug, Clone)]
+pub(crate) struct Route(MetadataValue<tonic::metadata::Ascii>);
 
 /// `what`, with the innermost cause of `e` (`connection refused (os error 111)`), rather than
 /// the transport's own text, which embeds statuses and metadata as debug dumps.
