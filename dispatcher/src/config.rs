@@ -6,12 +6,11 @@
 //! produce exactly [`DispatcherConfig::default`].
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use std::path::PathBuf;
-
-use crate::classify::Code;
 use outbox_shared::{DEFAULT_DEDUPE_ATTRIBUTE, DEFAULT_NOTIFY_CHANNEL, RetrySchedule};
+use tonic::Code;
 
 /// Everything a dispatcher process needs besides its database pool and its publisher.
 #[derive(Debug, Clone, PartialEq)]
