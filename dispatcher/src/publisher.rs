@@ -267,8 +267,15 @@ impl PubsubPublisher {
             .first()
             .and_then(|r| r.of.first())
             .map_or("", |i| batch[*i].topic.as_str());
-        let unroutable = Err(format!("topic {topic:?} has no route"));
-        let route = routes.get(topic).unwrap_or(&unroutable);
+        // Every topic of the batch has its entry (`publish` makes them from the same rows).
+        let Some(route) = routes.get(topic) else {
+            let failure = PublishFailure::transient(format!("topic {topic:?} has no route"));
+            return sequence
+                .requests
+                .iter()
+                .map(|r| (r.of.as_slice(), vec![Err(failure.clone()); r.of.len()]))
+                .collect();
+        };
         if !sequence.keyed {
             let sent = futures::future::join_all(
                 sequence
@@ -311,11 +318,7 @@ impl Publish for PubsubPublisher {
         let mut routes: HashMap<&str, Result<Route, String>> = HashMap::new();
         for m in batch {
             if !routes.contains_key(m.topic.as_str()) {
-                let route = Transport::route(&m.topic).map_err(|f| match f {
-                    Failed::NotSent(why) => why,
-                    other => format!("{other:?}"),
-                });
-                routes.insert(m.topic.as_str(), route);
+                routes.insert(m.topic.as_str(), Transport::route(&m.topic));
             }
         }
         let routes = &routes;
@@ -349,7 +352,7 @@ impl Publish for PubsubPublisher {
             let started = Instant::now();
             let body = || wire::get_topic_request(&name);
             let call = async {
-                let route = Transport::route(&name)?;
+                let route = Transport::route(&name).map_err(Failed::NotSent)?;
                 transport.call(wire::GET_TOPIC, &route, body, cap).await
             };
             let answer: Result<wire::Topic, Failed> = match tokio::time::timeout(cap, call).await {

@@ -200,14 +200,15 @@ impl Transport {
 
     /// The routing header of requests about `topic` (`x-goog-request-params: topic=…`), made
     /// once per topic of a batch; a topic that cannot be a header value is never sent.
-    pub(crate) fn route(topic: &str) -> Result<Route, Failed> {
+    /// The error says why (what [`Failed::NotSent`] carries).
+    pub(crate) fn route(topic: &str) -> Result<Route, String> {
         let params = format!(
             "topic={}",
             form_urlencoded::byte_serialize(topic.as_bytes()).collect::<String>()
         );
-        MetadataValue::try_from(params).map(Route).map_err(|e| {
-            Failed::NotSent(format!("topic {topic:?} cannot be sent as a header: {e}"))
-        })
+        MetadataValue::try_from(params)
+            .map(Route)
+            .map_err(|e| format!("topic {topic:?} cannot be sent as a header: {e}"))
     }
 
     /// Calls `path` with the encoded request `body` (made once a stream is free), routed by
