@@ -22,12 +22,15 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use opentelemetry::KeyValue;
 use outbox_shared::ClaimedMessage;
 use outbox_shared::limits::check_publishable;
 use outbox_shared::store::claim::{self, ClaimFilter, OrderedClaim};
 use outbox_shared::store::dead_letter::Failure;
 use outbox_shared::store::settle::settle;
 use sqlx::PgConnection;
+use tracing::Instrument as _;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::classify::{FailureKind, PublishFailure};
 use crate::decide::{self, Attempt, Decision, Policy};
@@ -66,15 +69,30 @@ pub enum BatchOutcome {
     },
 }
 
-/// Claims, publishes and settles one batch of rows due at `now`.
-#[tracing::instrument(skip_all, fields(batch.size = tracing::field::Empty), err(level = "debug"))]
+/// Claims, publishes and settles one batch of rows due at `now`. With tracing on, the batch is a
+/// span (`run_batch`) with the steps `claim`, `publish` and `settle` as its children; retries,
+/// dead letters and an outage are its events and status (docs/tracing.md).
+#[tracing::instrument(
+    skip_all,
+    fields(
+        batch.size = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+        otel.status_message = tracing::field::Empty,
+    ),
+    err(level = "debug")
+)]
 pub(crate) async fn run_batch<P: Publish>(
     d: &Dispatch<P>,
     now: DateTime<Utc>,
 ) -> Result<BatchOutcome, DispatcherError> {
     let mut steps = Steps::start();
-    let mut tx = d.claim_session.begin(&d.pool).await?;
-    let (claimed, give_back) = claim(d, &mut tx, now).await?;
+    let claiming = tracing::info_span!("claim", db.system = "postgresql");
+    let mut tx = d
+        .claim_session
+        .begin(&d.pool)
+        .instrument(claiming.clone())
+        .await?;
+    let (mut claimed, give_back) = claim(d, &mut tx, now).instrument(claiming).await?;
     d.metrics.claim_seconds.observe(steps.claimed());
     if claimed.is_empty() {
         // Nothing locked, nothing written: ending the transaction either way is the same.
@@ -88,41 +106,70 @@ pub(crate) async fn run_batch<P: Publish>(
         schedule: &d.settings.schedule,
         skip_dead_letter_topics: &d.settings.skip_dead_letter_topics,
     };
+    crate::trace::vet(
+        &mut claimed,
+        d.publisher.dedupe_attribute(),
+        &d.metrics,
+        &d.trace_log,
+    );
 
     let mut attempts = check(d, &claimed, policy);
     let started = Instant::now();
-    let stall = publish(d, &claimed, &mut attempts).await;
-    isolate(d, &claimed, &mut attempts, policy).await;
-    d.storms.learn(&claimed, &attempts);
-
-    let outage = match stall {
-        Some(probe_error) => Some(probe_error),
-        None if decide::may_be_outage(&attempts) => probe_failure(d, &claimed, &attempts).await,
-        None => None,
-    };
-    let decision = match &outage {
-        Some(_) => decide::outage(&claimed, attempts),
-        None => decide::decide(&claimed, attempts, policy, now, fastrand::f64),
-    };
+    let publishing = tracing::info_span!(
+        "publish",
+        messaging.system = "gcp_pubsub",
+        messaging.operation.type = "send",
+        messaging.batch.message_count = claimed.len()
+    );
+    let (outage, decision) = async {
+        let stall = publish(d, &claimed, &mut attempts).await;
+        isolate(d, &claimed, &mut attempts, policy).await;
+        d.storms.learn(&claimed, &attempts);
+        let outage = match stall {
+            Some(probe_error) => Some(probe_error),
+            None if decide::may_be_outage(&attempts) => probe_failure(d, &claimed, &attempts).await,
+            None => None,
+        };
+        let decision = match &outage {
+            Some(_) => decide::outage(&claimed, attempts),
+            None => decide::decide(&claimed, attempts, policy, now, fastrand::f64),
+        };
+        (outage, decision)
+    }
+    .instrument(publishing)
+    .await;
     steps.published();
-    settle(
-        &mut tx,
-        &decision.settlement,
-        d.settings.retain_published,
-        now,
-    )
+    async {
+        settle(
+            &mut tx,
+            &decision.settlement,
+            d.settings.retain_published,
+            now,
+        )
+        .await?;
+        tx.commit()
+            .await
+            .map_err(|source| outbox_shared::Error::Database {
+                context: "committing a settled batch",
+                source,
+            })
+    }
+    .instrument(tracing::info_span!("settle", db.system = "postgresql"))
     .await?;
-    tx.commit()
-        .await
-        .map_err(|source| outbox_shared::Error::Database {
-            context: "committing a settled batch",
-            source,
-        })?;
     give_back.settled(&claimed, &decision.settlement.released);
     record(d, &claimed, &decision, now);
     steps.log_if_slow(d, &claimed, now);
     match outage {
         Some(error) => {
+            if outbox_runtime::traces::on() {
+                let span = tracing::Span::current();
+                span.record("otel.status_code", "ERROR");
+                span.record("otel.status_message", error.as_str());
+                span.add_event(
+                    "outage: the batch was released untouched",
+                    vec![KeyValue::new("error.message", error.clone())],
+                );
+            }
             d.metrics.outage_batches.inc();
             let topic = first_sent_topic(&claimed, &decision);
             d.breaker.trip(topic, &error, started);
@@ -604,6 +651,20 @@ fn record<P: Publish>(
     }
     d.metrics.published.inc_by(s.published.len() as u64);
     d.metrics.retried.inc_by(s.retries.len() as u64);
+    if outbox_runtime::traces::on() && !s.retries.is_empty() {
+        let span = tracing::Span::current();
+        for r in &s.retries {
+            span.add_event(
+                "retry scheduled",
+                vec![
+                    KeyValue::new("outbox.id", r.id),
+                    KeyValue::new("outbox.attempt", i64::from(r.attempts)),
+                    KeyValue::new("outbox.next_attempt_at", r.next_attempt_at.to_rfc3339()),
+                    KeyValue::new("error.message", r.last_error.clone()),
+                ],
+            );
+        }
+    }
     for f in &s.dead_letters {
         d.metrics.dead_letter(f.kind.as_str(), 1);
         if let Some(m) = claimed.iter().find(|m| m.id == f.id) {

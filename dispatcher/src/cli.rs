@@ -9,6 +9,7 @@ use crate::classify::{Code, code_name};
 use clap::{Parser, Subcommand};
 use outbox_runtime::db::DatabaseArgs;
 use outbox_runtime::telemetry::TelemetryArgs;
+use outbox_runtime::traces::TraceArgs;
 use outbox_shared::{
     DEFAULT_DEDUPE_ATTRIBUTE, DEFAULT_NOTIFY_CHANNEL, RetrySchedule, resolve_topic,
 };
@@ -73,6 +74,14 @@ impl Cli {
         }
     }
 
+    /// The tracing flags, for `run` (the other commands trace nothing).
+    pub fn traces(&self) -> Option<&TraceArgs> {
+        match &self.command {
+            Command::Run(a) => Some(&a.traces),
+            _ => None,
+        }
+    }
+
     /// The logging flags of whatever command runs.
     pub fn telemetry(&self) -> &TelemetryArgs {
         match &self.command {
@@ -105,6 +114,8 @@ pub struct RunArgs {
     pub database: DatabaseArgs,
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
+    #[command(flatten)]
+    pub traces: TraceArgs,
     #[command(flatten)]
     pub pubsub: PubsubArgs,
     #[command(flatten)]

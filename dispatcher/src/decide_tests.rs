@@ -28,6 +28,7 @@ fn msg(id: i64, topic: &str, key: Option<&str>, attempts: i32) -> ClaimedMessage
         dedupe_key: format!("d{id}"),
         payload: bytes::Bytes::new(),
         attributes: Default::default(),
+        trace_context: None,
         attempts,
         created_at: now(),
     }

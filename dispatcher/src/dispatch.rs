@@ -49,6 +49,8 @@ pub(crate) struct Dispatch<P> {
     pub(crate) slow_log: LogGate,
     /// The topics in a poison storm (`crate::storm`).
     pub(crate) storms: Storms,
+    /// Lets through at most one ignored-trace-context warning a second (`crate::trace`).
+    pub(crate) trace_log: LogGate,
 }
 
 impl<P: Publish> Dispatch<P> {
@@ -82,6 +84,7 @@ impl<P: Publish> Dispatch<P> {
             listening: config.notify_channel.is_some(),
             slow_log: LogGate::new(SLOW_LOG_EVERY),
             storms: Storms::default(),
+            trace_log: LogGate::new(SLOW_LOG_EVERY),
         }
     }
 }
@@ -135,7 +138,7 @@ pub(crate) struct LogGate {
 }
 
 impl LogGate {
-    fn new(every: Duration) -> Self {
+    pub(crate) fn new(every: Duration) -> Self {
         Self {
             started: std::time::Instant::now(),
             every_ms: millis(every),

@@ -42,6 +42,7 @@ mod schema;
 pub mod service;
 mod storm;
 mod tasks;
+mod trace;
 pub mod transport;
 mod wire;
 mod worker;

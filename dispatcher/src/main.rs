@@ -10,11 +10,25 @@ use outbox_dispatcher::publisher::PubsubPublisher;
 use outbox_dispatcher::{Cli, Command, Dispatcher, DispatcherConfig, DispatcherError};
 use outbox_runtime::exit::fail;
 use outbox_runtime::shutdown::{Shutdown, on_signals};
+use outbox_runtime::traces::{Traces, start_with_logs};
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse_args();
-    outbox_runtime::telemetry::init(cli.telemetry());
+    let format = cli.telemetry().log_format;
+    let traces = match start_with_logs(cli.telemetry(), cli.traces(), SERVICE).await {
+        Ok(traces) => traces,
+        Err(e) => return fail(format, "The dispatcher cannot start", &e).into(),
+    };
+    let code = command(&cli, &traces).await;
+    traces.shutdown().await;
+    code
+}
+
+/// The name the dispatcher's spans are exported under (`service.name`).
+const SERVICE: &str = "pubsub-outbox-dispatcher";
+
+async fn command(cli: &Cli, traces: &Traces) -> ExitCode {
     let args = match &cli.command {
         Command::Ops(op) => return op.run().await.into(),
         Command::Migrate(m) => return outbox_runtime::db::migrate_command(m).await.into(),
@@ -35,7 +49,7 @@ async fn main() -> ExitCode {
     };
     let signals = on_signals();
     let outcome = tokio::select! {
-        outcome = run(args, config, signals.shutdown) => outcome,
+        outcome = run(args, config, traces, signals.shutdown) => outcome,
         () = stopped(signals.abort) => {
             tracing::warn!("Second signal: exiting now; the rows in flight will be claimed again.");
             return ExitCode::from(130);
@@ -50,10 +64,13 @@ async fn main() -> ExitCode {
 async fn run(
     args: &RunArgs,
     config: DispatcherConfig,
+    traces: &Traces,
     shutdown: Shutdown,
 ) -> Result<(), DispatcherError> {
     let pool = outbox_dispatcher::connect_database(&args.database, &config).await?;
-    let publisher = PubsubPublisher::connect(&config.pubsub).await?;
+    let publisher = PubsubPublisher::connect(&config.pubsub)
+        .await?
+        .with_tracer(traces.tracer(SERVICE));
     let publisher = FaultInjector::with_settings(publisher, &config.faults);
     let dispatcher = Dispatcher::build(config, pool, publisher).await?;
     dispatcher.run_until_stopped(shutdown).await

@@ -35,6 +35,9 @@ pub struct Metrics {
     pub isolations: Counter,
     /// Messages published alone to isolate a permanent failure.
     pub isolation_publishes: Counter,
+    /// Rows whose trace context was ignored (a malformed `traceparent`, or no room left for the
+    /// trace attributes): published without it.
+    pub trace_context_ignored: Counter,
     /// Rows the probe found that the claims' floors passed over, by kind (unkeyed: a row below
     /// the floor nobody holds; keyed: a key whose head is below the head this replica knew).
     pub floor_stragglers: Family<KindLabel, Counter>,
@@ -80,6 +83,7 @@ impl Metrics {
             outage_batches: Counter::default(),
             empty_claims: Counter::default(),
             isolations: Counter::default(),
+            trace_context_ignored: Counter::default(),
             isolation_publishes: Counter::default(),
             floor_stragglers: Family::default(),
             old_keys: Gauge::default(),
@@ -132,6 +136,11 @@ impl Metrics {
             "isolations",
             "Batches whose permanent publish failures were isolated (suspects published again apart)",
             m.isolations.clone(),
+        );
+        r.register(
+            "trace_context_ignored",
+            "Rows published without their trace context (a malformed traceparent, or no room for the trace attributes)",
+            m.trace_context_ignored.clone(),
         );
         r.register(
             "isolation_publishes",

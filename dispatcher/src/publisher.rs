@@ -20,12 +20,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use opentelemetry_sdk::trace::SdkTracer;
 use outbox_shared::ClaimedMessage;
 use outbox_shared::limits::MAX_MESSAGES_PER_REQUEST;
 
 use crate::classify::{FailureKind, PublishFailure, classify};
 use crate::config::PubsubConfig;
 use crate::error::DispatcherError;
+use crate::trace::Sends;
 use crate::transport::{Failed, Route, Transport};
 use crate::wire;
 
@@ -184,6 +186,8 @@ pub struct PubsubPublisher {
     dedupe_attribute: String,
     /// The probes' deadline, from the round trips seen.
     clock: Arc<ProbeClock>,
+    /// Starts the send spans when tracing is on (`crate::trace`).
+    tracer: Option<SdkTracer>,
 }
 
 impl PubsubPublisher {
@@ -195,7 +199,15 @@ impl PubsubPublisher {
             timeout: args.publish_timeout,
             dedupe_attribute: args.dedupe_attribute.clone(),
             clock: Arc::default(),
+            tracer: None,
         })
+    }
+
+    /// Starts a send span per message whose writer sampled its trace (`crate::trace`): with
+    /// `None` (tracing off), the writer's context is passed on as it is.
+    pub fn with_tracer(mut self, tracer: Option<SdkTracer>) -> Self {
+        self.tracer = tracer;
+        self
     }
 
     /// One request: its messages' ids, or why not (the same for each of them).
@@ -216,12 +228,17 @@ impl PubsubPublisher {
                 return vec![Err(classify(&Failed::NotSent(why.clone()))); request.of.len()];
             }
         };
+        let sends = Sends::start(self.tracer.as_ref(), batch, &request.of, topic);
         let body = || {
             wire::publish_request(
                 topic,
-                request.of.iter().map(|i| {
+                request.of.iter().enumerate().map(|(n, i)| {
                     let m = &batch[*i];
-                    (m, wire::message_len(m, &self.dedupe_attribute))
+                    (
+                        m,
+                        wire::message_len(m, &self.dedupe_attribute),
+                        sends.traceparent(n),
+                    )
                 }),
                 &self.dedupe_attribute,
                 request.size,
@@ -231,8 +248,20 @@ impl PubsubPublisher {
         let started = Instant::now();
         let answer: Result<wire::PublishResponse, Failed> =
             self.transport.call(wire::PUBLISH, route, body, left).await;
+        let results = self.results(answer, request.of.len(), started);
+        sends.end(&results);
+        results
+    }
+
+    /// A request's answer as one result per message.
+    fn results(
+        &self,
+        answer: Result<wire::PublishResponse, Failed>,
+        count: usize,
+        started: Instant,
+    ) -> BatchResult {
         match answer {
-            Ok(answer) if answer.message_ids.len() == request.of.len() => {
+            Ok(answer) if answer.message_ids.len() == count => {
                 self.clock.answered(started.elapsed());
                 answer.message_ids.into_iter().map(Ok).collect()
             }
@@ -240,15 +269,15 @@ impl PubsubPublisher {
                 let failure = PublishFailure::transient(format!(
                     "Pub/Sub answered with {} message ids for {} messages",
                     answer.message_ids.len(),
-                    request.of.len()
+                    count
                 ));
-                vec![Err(failure); request.of.len()]
+                vec![Err(failure); count]
             }
             Err(failed) => {
                 if matches!(failed, Failed::Answered(_)) {
                     self.clock.answered(started.elapsed());
                 }
-                vec![Err(classify(&failed)); request.of.len()]
+                vec![Err(classify(&failed)); count]
             }
         }
     }
@@ -401,6 +430,7 @@ mod tests {
             dedupe_key: format!("d{id}"),
             payload: bytes::Bytes::new(),
             attributes: Default::default(),
+            trace_context: None,
             attempts: 0,
             created_at: chrono::Utc::now(),
         }
@@ -459,7 +489,7 @@ mod tests {
             let encoded = wire::publish_request(
                 &big[0].topic,
                 r.of.iter()
-                    .map(|i| (&big[*i], wire::message_len(&big[*i], "d"))),
+                    .map(|i| (&big[*i], wire::message_len(&big[*i], "d"), None)),
                 "d",
                 r.size,
             );

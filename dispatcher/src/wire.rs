@@ -14,6 +14,7 @@ use std::marker::PhantomData;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use outbox_shared::ClaimedMessage;
+use outbox_shared::trace::{TRACEPARENT_ATTRIBUTE, TRACESTATE_ATTRIBUTE};
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
 use tonic::Status;
 use tonic::codec::{DecodeBuf, Decoder, EncodeBuf, Encoder};
@@ -51,7 +52,10 @@ fn entry_len(key: &str, value: &str) -> usize {
 }
 
 /// The size of `m` as a `PubsubMessage` (data = 1, attributes = 2, ordering_key = 5), with the
-/// dedupe key as the attribute `dedupe_attribute`.
+/// dedupe key as the attribute `dedupe_attribute` and its trace context as
+/// `googclient_traceparent` (and `googclient_tracestate`). The context is vetted first
+/// (`crate::trace::vet`): its `traceparent` has version 00's 55 characters, as the send span's
+/// own does, so the size holds whichever of the two is sent.
 pub(crate) fn message_len(m: &ClaimedMessage, dedupe_attribute: &str) -> usize {
     let data = if m.payload.is_empty() {
         0
@@ -64,11 +68,17 @@ pub(crate) fn message_len(m: &ClaimedMessage, dedupe_attribute: &str) -> usize {
         .map(|(k, v)| field_len(2, entry_len(k, v)))
         .sum::<usize>()
         + field_len(2, entry_len(dedupe_attribute, &m.dedupe_key));
+    let trace = m.trace_context.as_ref().map_or(0, |c| {
+        field_len(2, entry_len(TRACEPARENT_ATTRIBUTE, &c.traceparent))
+            + c.tracestate
+                .as_deref()
+                .map_or(0, |s| field_len(2, entry_len(TRACESTATE_ATTRIBUTE, s)))
+    });
     let key = match m.ordering_key.as_deref() {
         Some(k) if !k.is_empty() => field_len(5, k.len()),
         _ => 0,
     };
-    data + attributes + key
+    data + attributes + trace + key
 }
 
 /// The size a message of `len` bytes adds to a `PublishRequest` (`messages = 2`).
@@ -88,16 +98,17 @@ fn put_entry(key: &str, value: &str, buf: &mut BytesMut) {
     put_field(2, value.as_bytes(), buf);
 }
 
-/// `PublishRequest { topic, messages }` for `messages` (each with its [`message_len`]).
+/// `PublishRequest { topic, messages }` for `messages`, each with its [`message_len`] and the
+/// `googclient_traceparent` of its own send span, if it has one (else its writer's is sent).
 pub(crate) fn publish_request<'a>(
     topic: &str,
-    messages: impl IntoIterator<Item = (&'a ClaimedMessage, usize)>,
+    messages: impl IntoIterator<Item = (&'a ClaimedMessage, usize, Option<&'a str>)>,
     dedupe_attribute: &str,
     size: usize,
 ) -> Bytes {
     let mut buf = BytesMut::with_capacity(size);
     put_field(1, topic.as_bytes(), &mut buf);
-    for (m, len) in messages {
+    for (m, len, traceparent) in messages {
         encode_key(2, WireType::LengthDelimited, &mut buf);
         encode_varint(len as u64, &mut buf);
         if !m.payload.is_empty() {
@@ -107,6 +118,16 @@ pub(crate) fn publish_request<'a>(
             put_entry(k, v, &mut buf);
         }
         put_entry(dedupe_attribute, &m.dedupe_key, &mut buf);
+        if let Some(c) = &m.trace_context {
+            put_entry(
+                TRACEPARENT_ATTRIBUTE,
+                traceparent.unwrap_or(&c.traceparent),
+                &mut buf,
+            );
+            if let Some(state) = c.tracestate.as_deref() {
+                put_entry(TRACESTATE_ATTRIBUTE, state, &mut buf);
+            }
+        }
         if let Some(key) = m.ordering_key.as_deref().filter(|k| !k.is_empty()) {
             put_field(5, key.as_bytes(), &mut buf);
         }
@@ -222,8 +243,20 @@ mod tests {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            trace_context: None,
             attempts: 0,
             created_at: chrono::Utc::now(),
+        }
+    }
+
+    const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    fn traced(id: i64, state: Option<&str>) -> ClaimedMessage {
+        let mut context = outbox_shared::TraceContext::new(PARENT);
+        context.tracestate = state.map(str::to_owned);
+        ClaimedMessage {
+            trace_context: Some(context),
+            ..row(id, None, b"t", &[])
         }
     }
 
@@ -234,20 +267,45 @@ mod tests {
             row(1, Some("k"), b"hello", &[("a", "1"), ("b", "")]),
             row(2, None, b"", &[]),
             row(3, Some(""), &big, &[("x", "y")]),
+            traced(4, Some("congo=t61rcWkgMzE")),
+            traced(5, None),
         ];
         let lens: Vec<usize> = rows.iter().map(|m| message_len(m, "dd")).collect();
         let size = topic_len("projects/p/topics/t")
             + lens.iter().map(|l| in_request_len(*l)).sum::<usize>();
+        let own_span = "00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01";
+        let spans = [None, None, None, None, Some(own_span)];
         let bytes = publish_request(
             "projects/p/topics/t",
-            rows.iter().zip(lens.iter().copied()),
+            rows.iter()
+                .zip(lens.iter().copied())
+                .zip(spans)
+                .map(|((m, l), s)| (m, l, s)),
             "dd",
             size,
         );
         assert_eq!(bytes.len(), size, "the size is known before encoding");
         let request = PublishRequest::decode(bytes).expect("decodes");
         assert_eq!(request.topic, "projects/p/topics/t");
-        assert_eq!(request.messages.len(), 3);
+        assert_eq!(request.messages.len(), 5);
+        let writers = &request.messages[3].attributes;
+        assert_eq!(
+            writers[TRACEPARENT_ATTRIBUTE], PARENT,
+            "the writer's context"
+        );
+        assert_eq!(writers[TRACESTATE_ATTRIBUTE], "congo=t61rcWkgMzE");
+        let own = &request.messages[4].attributes;
+        assert_eq!(
+            own[TRACEPARENT_ATTRIBUTE], own_span,
+            "the send span's own context"
+        );
+        assert!(!own.contains_key(TRACESTATE_ATTRIBUTE));
+        assert!(
+            !request.messages[0]
+                .attributes
+                .contains_key(TRACEPARENT_ATTRIBUTE),
+            "a row without a context sends no trace attribute"
+        );
         let first = &request.messages[0];
         assert_eq!(first.data, b"hello");
         assert_eq!(first.ordering_key, "k");

@@ -17,6 +17,7 @@ use std::time::Duration;
 use clap::{CommandFactory, Parser, Subcommand};
 use outbox_runtime::db::DatabaseArgs;
 use outbox_runtime::telemetry::TelemetryArgs;
+use outbox_runtime::traces::TraceArgs;
 
 use crate::bigquery::{Credentials, Timeouts};
 use crate::ops::OpsCommand;
@@ -61,6 +62,14 @@ impl Cli {
     {
         let args = run_first(&Self::command(), args.into_iter().map(Into::into).collect());
         Self::try_parse_from(args)
+    }
+
+    /// The tracing flags, for `run` (the other commands trace nothing).
+    pub fn traces(&self) -> Option<&TraceArgs> {
+        match &self.command {
+            Command::Run(a) => Some(&a.traces),
+            _ => None,
+        }
     }
 
     /// The logging flags of whatever command runs.
@@ -117,6 +126,8 @@ pub fn run_first(cli: &clap::Command, mut args: Vec<OsString>) -> Vec<OsString> 
 }
 
 /// Subcommands.
+// Parsed once at start-up: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Subcommand)]
 pub enum Command {
     /// Read every stream's new rows into the outbox, then exit (the default).
@@ -137,6 +148,8 @@ pub struct RunArgs {
     pub database: DatabaseArgs,
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
+    #[command(flatten)]
+    pub traces: TraceArgs,
     #[command(flatten)]
     pub job: JobArgs,
     #[command(flatten)]

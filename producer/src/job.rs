@@ -66,6 +66,11 @@ pub fn select_streams<'c>(
 /// Runs this task's streams in turn and reports each. Never fails as a whole: each stream's
 /// error is logged once here, at ERROR (an operator must act: the stream is not advancing), and
 /// kept in the report.
+#[tracing::instrument(
+    name = "producer run",
+    skip_all,
+    fields(task = settings.task_index, tasks = settings.task_count, streams = streams.len())
+)]
 pub async fn run_job<A: Api>(
     pool: &PgPool,
     bq: &BigQuery<A>,

@@ -40,6 +40,7 @@ pub mod report;
 pub mod run;
 pub mod settings;
 pub mod sidecar;
+mod trace;
 pub mod value;
 
 use outbox_runtime::shutdown::Shutdown;

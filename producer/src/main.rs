@@ -8,17 +8,35 @@ use outbox_producer::sidecar::SidecarQuit;
 use outbox_producer::{Cli, Command, RunArgs, StartupError};
 use outbox_runtime::exit::fail;
 use outbox_runtime::telemetry::LogFormat;
+use outbox_runtime::traces::start_with_logs;
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse_args();
-    outbox_runtime::telemetry::init(cli.telemetry());
-    match &cli.command {
+    let format = cli.telemetry().log_format;
+    let traces = match start_with_logs(cli.telemetry(), cli.traces(), SERVICE).await {
+        Ok(traces) => traces,
+        Err(e) => {
+            return fail(
+                format,
+                "The producer could not start; fix the error and rerun",
+                &e,
+            )
+            .into();
+        }
+    };
+    let code = match &cli.command {
         Command::Migrate(args) => outbox_runtime::db::migrate_command(args).await.into(),
         Command::Ops(op) => op.run().await.into(),
         Command::Run(args) => run(args).await,
-    }
+    };
+    // The run's spans go out before the execution ends (a Cloud Run Job's container stops).
+    traces.shutdown().await;
+    code
 }
+
+/// The name the producer's spans are exported under (`service.name`).
+const SERVICE: &str = "pubsub-outbox-producer";
 
 /// `producer run`, then the sidecar told to exit (once, whatever the outcome).
 async fn run(args: &RunArgs) -> ExitCode {

@@ -412,20 +412,26 @@ impl Run<'_> {
         let mut seen_before = 0u64;
         let mut payload_bytes = 0u64;
         let mut segments: Vec<Segment> = Vec::new();
+        // With tracing on, every message points at this run's trace (docs/tracing.md).
+        let context = crate::trace::current_context();
         for (mapped, new) in page.into_iter().zip(remembered) {
             match (new, mapped.outcome) {
                 (false, _) => seen_before += 1,
-                (true, Ok(m)) => {
+                (true, Ok(mut m)) => {
+                    m.trace_context.clone_from(&context);
                     payload_bytes += m.payload.len() as u64;
                     match segments.last_mut() {
                         Some(Segment::Accepted(run)) => run.push(m),
                         _ => segments.push(Segment::Accepted(vec![m])),
                     }
                 }
-                (true, Err(r)) => match segments.last_mut() {
-                    Some(Segment::Rejected(run)) => run.push(r),
-                    _ => segments.push(Segment::Rejected(vec![r])),
-                },
+                (true, Err(mut r)) => {
+                    r.message.trace_context.clone_from(&context);
+                    match segments.last_mut() {
+                        Some(Segment::Rejected(run)) => run.push(r),
+                        _ => segments.push(Segment::Rejected(vec![r])),
+                    }
+                }
             }
         }
         let written = self.write_in_order(tx, &segments).await?;

@@ -34,6 +34,7 @@ pub mod limits;
 pub mod message;
 pub mod retry;
 pub mod store;
+pub mod trace;
 
 pub use db::{MIGRATOR, Migrated, SchemaState, migrate, schema_state};
 pub use error::{Error, Result};
@@ -42,6 +43,7 @@ pub use message::{Attributes, ClaimedMessage, NewMessage, TopicNameError, resolv
 pub use retry::{RetryDecision, RetrySchedule};
 pub use store::notify::{DEFAULT_CHANNEL as DEFAULT_NOTIFY_CHANNEL, notify};
 pub use store::outbox::enqueue_batch;
+pub use trace::{TraceContext, TraceParent};
 
 /// The attribute that carries a message's dedupe key to consumers, unless configured otherwise.
 pub const DEFAULT_DEDUPE_ATTRIBUTE: &str = "dedupe_key";

@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 
+use crate::trace::TraceContext;
+
 /// Pub/Sub attributes: string keys to string values, sorted for stable output.
 pub type Attributes = BTreeMap<String, String>;
 
@@ -24,6 +26,10 @@ pub struct NewMessage {
     pub payload: Vec<u8>,
     /// Pub/Sub attributes.
     pub attributes: Attributes,
+    /// The writer's W3C trace context (`traceparent`, `tracestate`), if it writes inside a
+    /// trace: the dispatcher's send span continues it, and the consumer receives it as
+    /// `googclient_traceparent` (docs/tracing.md).
+    pub trace_context: Option<TraceContext>,
 }
 
 impl NewMessage {
@@ -35,6 +41,7 @@ impl NewMessage {
             dedupe_key: dedupe_key.into(),
             payload,
             attributes: Attributes::new(),
+            trace_context: None,
         }
     }
 
@@ -47,6 +54,14 @@ impl NewMessage {
     /// Adds a Pub/Sub attribute.
     pub fn with_attribute(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.attributes.insert(key.into(), value.into());
+        self
+    }
+
+    /// Carries the writer's trace context (e.g. what an OpenTelemetry `TraceContextPropagator`
+    /// injects for the current span): the message's trace continues through the dispatcher to
+    /// the consumer.
+    pub fn with_trace_context(mut self, context: TraceContext) -> Self {
+        self.trace_context = Some(context);
         self
     }
 }
@@ -66,6 +81,8 @@ pub struct ClaimedMessage {
     pub payload: bytes::Bytes,
     /// Pub/Sub attributes stored with the row.
     pub attributes: Attributes,
+    /// The writer's trace context, as stored (unchecked: the dispatcher checks it).
+    pub trace_context: Option<TraceContext>,
     /// Failed attempts so far.
     pub attempts: i32,
     /// When the row was enqueued (for end-to-end lag).

@@ -29,6 +29,7 @@ pub mod http_faults;
 pub mod iap;
 pub mod ledger;
 pub mod operator;
+pub mod otlp;
 pub mod pgbouncer;
 pub mod process;
 pub mod producer;

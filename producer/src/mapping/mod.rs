@@ -109,6 +109,7 @@ impl Mapper<'_> {
             dedupe_key,
             payload,
             attributes,
+            trace_context: None,
         };
         let reason = if let Some(column) = missing {
             // The dead-letter table needs a unique key: derive one from the cursor (unique, stable).

@@ -35,6 +35,7 @@ use google_cloud_pubsub::subscriber::MessageStream;
 use google_cloud_pubsub::subscriber::handler::Handler;
 use sqlx::PgConnection;
 use tokio::sync::mpsc;
+use tracing::Instrument as _;
 
 use crate::error::Error;
 use crate::inbox::{Failure, Inbox, Outcome};
@@ -59,21 +60,70 @@ pub async fn process_message<E>(
     ack: Handler,
     handler: impl AsyncFnOnce(&mut PgConnection) -> Result<(), E>,
 ) -> Outcome<E> {
-    let outcome = match dedupe_key(message, attribute) {
-        Some(key) => inbox.process(consumer, key, handler).await,
-        None => {
-            inbox.count_failure();
-            Outcome::Failed(Failure::Inbox(Error::MissingDedupeKey {
-                attribute: attribute.to_owned(),
-            }))
+    let outcome = async {
+        match dedupe_key(message, attribute) {
+            Some(key) => inbox.process(consumer, key, handler).await,
+            None => {
+                inbox.count_failure();
+                Outcome::Failed(Failure::Inbox(Error::MissingDedupeKey {
+                    attribute: attribute.to_owned(),
+                }))
+            }
         }
-    };
+    }
+    .instrument(handler_span(message, consumer))
+    .await;
     if outcome.should_ack() {
         ack.ack();
     } else {
         ack.nack();
     }
     outcome
+}
+
+/// The span a message is handled in: `process <consumer>`, kind consumer, with the messaging
+/// conventions' attributes, and the child of the publisher's span when the message carries
+/// `googclient_traceparent` (the dispatcher's send span, or a Google client library's). With
+/// an OpenTelemetry layer in the application's subscriber (`tracing-opentelemetry`) the handler
+/// continues the message's trace; without one it is a plain `tracing` span.
+pub fn handler_span(message: &Message, consumer: &str) -> tracing::Span {
+    use opentelemetry::trace::{
+        SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState,
+    };
+    use outbox_shared::trace::{TRACEPARENT_ATTRIBUTE, TRACESTATE_ATTRIBUTE, TraceParent};
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+    let span = tracing::info_span!(
+        "process",
+        otel.name = %format_args!("process {consumer}"),
+        otel.kind = "consumer",
+        messaging.system = "gcp_pubsub",
+        messaging.operation.type = "process",
+        messaging.consumer.group.name = consumer,
+        messaging.message.id = %message.message_id,
+        messaging.gcp_pubsub.message.ordering_key = %message.ordering_key,
+    );
+    let parent = message
+        .attributes
+        .get(TRACEPARENT_ATTRIBUTE)
+        .and_then(|p| TraceParent::parse(p).ok());
+    if let Some(parent) = parent {
+        let state = message
+            .attributes
+            .get(TRACESTATE_ATTRIBUTE)
+            .and_then(|s| s.parse::<TraceState>().ok())
+            .unwrap_or_default();
+        let remote = SpanContext::new(
+            TraceId::from_bytes(parent.trace_id),
+            SpanId::from_bytes(parent.span_id),
+            TraceFlags::new(parent.flags),
+            true,
+            state,
+        );
+        // Refused only when the span was entered already, which it was not.
+        let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(remote));
+    }
+    span
 }
 
 /// How [`consume`] runs.

@@ -18,3 +18,4 @@ pub mod operator;
 pub mod shutdown;
 pub mod table;
 pub mod telemetry;
+pub mod traces;

@@ -13,7 +13,11 @@ use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::format::{JsonFields, Writer};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
+use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt as _;
+
+use crate::traces::Traces;
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -44,23 +48,51 @@ fn log_filter(s: &str) -> Result<String, String> {
     })
 }
 
-/// Installs the global subscriber. Safe to call more than once (later calls do nothing), so tests
-/// can call it freely.
+/// Installs the global subscriber (logs only). Safe to call more than once (later calls do
+/// nothing), so tests can call it freely.
 pub fn init(args: &TelemetryArgs) {
+    install(args, &Traces::default(), None);
+}
+
+/// Installs the global subscriber with `traces` (`crate::traces`): when tracing is on, `tracing`
+/// spans become OpenTelemetry spans, and JSON lines inside one carry Cloud Logging's trace fields
+/// (`logging.googleapis.com/trace` as `projects/<project>/traces/<id>`).
+pub fn init_traced(args: &TelemetryArgs, traces: &Traces, project: Option<String>) {
+    install(args, traces, project);
+}
+
+fn install(args: &TelemetryArgs, traces: &Traces, project: Option<String>) {
     let filter = EnvFilter::try_new(&args.log_filter).unwrap_or_else(|_| EnvFilter::new("info"));
     // Colour only for a person at a terminal (a file, a pipe or a log collector gets plain text),
     // and never under NO_COLOR (no-color.org: set and not empty).
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr);
+    let otel = traces.tracer("pubsub-outbox").map(|tracer| {
+        tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_threads(false)
+            .with_location(false)
+    });
+    let registry = tracing_subscriber::registry().with(filter).with(otel);
     let _ = match args.log_format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder
-            .fmt_fields(JsonFields::new())
-            .event_format(CloudJson)
+        LogFormat::Text => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(ansi)
+                    .with_writer(std::io::stderr),
+            )
+            .try_init(),
+        LogFormat::Json => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(false)
+                    .fmt_fields(JsonFields::new())
+                    .event_format(CloudJson {
+                        traced: traces.enabled(),
+                        trace_project: project,
+                    })
+                    .with_writer(std::io::stderr),
+            )
             .try_init(),
     };
 }
@@ -77,9 +109,45 @@ fn severity(level: &Level) -> &'static str {
 
 /// A JSON event formatter with Cloud Logging's field names. Span fields are read as the span's
 /// formatted fields: install it with `.fmt_fields(JsonFields::new())` (as [`init`] does) so they
-/// are JSON; spans formatted otherwise contribute their names only.
-#[derive(Debug, Clone, Copy)]
-pub struct CloudJson;
+/// are JSON; spans formatted otherwise contribute their names only. When `traced`, a line written
+/// inside an OpenTelemetry span carries Cloud Logging's trace fields.
+#[derive(Debug, Clone, Default)]
+pub struct CloudJson {
+    /// Whether spans are OpenTelemetry spans (tracing is on).
+    pub traced: bool,
+    /// The project of `logging.googleapis.com/trace` (`projects/<project>/traces/<id>`); without
+    /// one the field holds the trace id alone.
+    pub trace_project: Option<String>,
+}
+
+impl CloudJson {
+    /// Cloud Logging's trace fields for the current OpenTelemetry span, if there is one.
+    fn trace_fields(&self, fields: &mut serde_json::Map<String, serde_json::Value>) {
+        use opentelemetry::trace::TraceContextExt as _;
+        if !self.traced {
+            return;
+        }
+        let cx = opentelemetry::Context::current();
+        let span = cx.span();
+        let sc = span.span_context();
+        if !sc.is_valid() {
+            return;
+        }
+        let trace = match &self.trace_project {
+            Some(project) => format!("projects/{project}/traces/{}", sc.trace_id()),
+            None => sc.trace_id().to_string(),
+        };
+        fields.insert("logging.googleapis.com/trace".into(), trace.into());
+        fields.insert(
+            "logging.googleapis.com/spanId".into(),
+            sc.span_id().to_string().into(),
+        );
+        fields.insert(
+            "logging.googleapis.com/trace_sampled".into(),
+            sc.is_sampled().into(),
+        );
+    }
+}
 
 impl<S, N> FormatEvent<S, N> for CloudJson
 where
@@ -127,6 +195,7 @@ where
                 .into(),
         );
         fields.0.insert("target".into(), meta.target().into());
+        self.trace_fields(&mut fields.0);
         writeln!(writer, "{}", serde_json::Value::Object(fields.0))
     }
 }
@@ -185,7 +254,7 @@ mod tests {
         let buffer = Buffer::default();
         let writer = buffer.clone();
         let subscriber = tracing_subscriber::fmt()
-            .event_format(super::CloudJson)
+            .event_format(super::CloudJson::default())
             .with_writer(move || writer.clone())
             .finish();
         tracing::subscriber::with_default(subscriber, || {
@@ -214,7 +283,7 @@ mod tests {
         // As `init` installs it for --log-format json.
         let subscriber = tracing_subscriber::fmt()
             .fmt_fields(super::JsonFields::new())
-            .event_format(super::CloudJson)
+            .event_format(super::CloudJson::default())
             .with_writer(move || writer.clone())
             .finish();
         tracing::subscriber::with_default(subscriber, || {

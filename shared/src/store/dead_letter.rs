@@ -9,6 +9,7 @@ use sqlx::PgConnection;
 
 use crate::error::{DbContext, Result};
 use crate::message::{Attributes, NewMessage};
+use crate::trace::TraceContext;
 
 /// How the dispatcher's `last_error` begins for a message it refused itself, before sending
 /// (a limit check): replaying one runs the same check, so it comes back as a new dead letter.
@@ -69,20 +70,21 @@ pub async fn move_from_outbox(
          ), moved AS (
              DELETE FROM pubsub_outbox o USING f WHERE o.id = f.id
              RETURNING o.id, o.topic, o.ordering_key, o.dedupe_key, o.payload, o.attributes, o.created_at,
-                       f.attempts, f.kind, f.err
+                       o.traceparent, o.tracestate, f.attempts, f.kind, f.err
          )
          INSERT INTO pubsub_outbox_dead_letter
              (outbox_id, topic, ordering_key, dedupe_key, payload, attributes, created_at, failed_at,
-              attempts, error_kind, last_error, source)
+              attempts, error_kind, last_error, source, traceparent, tracestate)
          SELECT id, topic, ordering_key, dedupe_key, payload, attributes, created_at, $5,
-                attempts, kind, err, 'dispatcher'
+                attempts, kind, err, 'dispatcher', traceparent, tracestate
          FROM moved
          ON CONFLICT (dedupe_key) DO UPDATE SET
              outbox_id = EXCLUDED.outbox_id, failed_at = EXCLUDED.failed_at,
              attempts = EXCLUDED.attempts, error_kind = EXCLUDED.error_kind,
              last_error = EXCLUDED.last_error, payload = EXCLUDED.payload,
              attributes = EXCLUDED.attributes, topic = EXCLUDED.topic,
-             ordering_key = EXCLUDED.ordering_key",
+             ordering_key = EXCLUDED.ordering_key, traceparent = EXCLUDED.traceparent,
+             tracestate = EXCLUDED.tracestate",
     )
     .persistent(crate::store::named_statements())
     .bind(&ids)
@@ -137,14 +139,26 @@ pub async fn insert_rejected(
         .map(|r| serde_json::to_string(&r.message.attributes).unwrap_or_else(|_| "{}".to_owned()))
         .collect();
     let reasons: Vec<&str> = rejected.iter().map(|r| r.reason.as_str()).collect();
+    fn trace(r: &Rejection) -> Option<&TraceContext> {
+        r.message.trace_context.as_ref()
+    }
+    let parents: Vec<Option<&str>> = rejected
+        .iter()
+        .map(|r| trace(r).map(|c| c.traceparent.as_str()))
+        .collect();
+    let states: Vec<Option<&str>> = rejected
+        .iter()
+        .map(|r| trace(r).and_then(|c| c.tracestate.as_deref()))
+        .collect();
     let r = sqlx::query(
         "INSERT INTO pubsub_outbox_dead_letter
              (outbox_id, topic, ordering_key, dedupe_key, payload, attributes, created_at, attempts,
-              error_kind, last_error, source)
+              error_kind, last_error, source, traceparent, tracestate)
          SELECT nextval(pg_get_serial_sequence('pubsub_outbox', 'id')), t, k, d, p, a::jsonb,
-                now(), 0, 'rejected', e, $7
-         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[])
-              WITH ORDINALITY AS r(t, k, d, p, a, e, n)
+                now(), 0, 'rejected', e, $7, tp, ts
+         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[],
+                     $8::text[], $9::text[])
+              WITH ORDINALITY AS r(t, k, d, p, a, e, tp, ts, n)
          ORDER BY n
          ON CONFLICT (dedupe_key) DO NOTHING",
     )
@@ -156,6 +170,8 @@ pub async fn insert_rejected(
     .bind(&attributes)
     .bind(&reasons)
     .bind(source)
+    .bind(&parents)
+    .bind(&states)
     .execute(&mut *conn)
     .await
     .context("recording rejected messages in pubsub_outbox_dead_letter")?;
@@ -317,12 +333,14 @@ pub async fn replay(conn: &mut PgConnection, ids: &[i64]) -> Result<Vec<i64>> {
              WHERE d.id = ANY($1)
                AND NOT EXISTS (SELECT 1 FROM pubsub_outbox o WHERE o.dedupe_key = d.dedupe_key)
              RETURNING d.id, d.outbox_id, d.topic, d.ordering_key, d.dedupe_key, d.payload,
-                       d.attributes, d.created_at
+                       d.attributes, d.created_at, d.traceparent, d.tracestate
          ), inserted AS (
-             INSERT INTO pubsub_outbox (id, topic, ordering_key, dedupe_key, payload, attributes, created_at)
+             INSERT INTO pubsub_outbox (id, topic, ordering_key, dedupe_key, payload, attributes, created_at,
+                                        traceparent, tracestate)
              OVERRIDING SYSTEM VALUE
              SELECT COALESCE(outbox_id, nextval(pg_get_serial_sequence('pubsub_outbox', 'id'))),
-                    topic, ordering_key, dedupe_key, payload, attributes, created_at
+                    topic, ordering_key, dedupe_key, payload, attributes, created_at, traceparent,
+                    tracestate
              FROM moved ORDER BY id
          ), epoch AS (
              -- A keyed row back below its key's head: dispatchers forget the heads they know

@@ -6,6 +6,7 @@ use sqlx::PgConnection;
 
 use crate::error::{DbContext, Result};
 use crate::message::{Attributes, ClaimedMessage, NewMessage};
+use crate::trace::TraceContext;
 
 /// The message columns of an outbox row, as claims and reads select them.
 #[derive(Debug, sqlx::FromRow)]
@@ -16,6 +17,8 @@ pub(crate) struct MessageRow {
     dedupe_key: String,
     payload: Vec<u8>,
     attributes: sqlx::types::Json<Attributes>,
+    traceparent: Option<String>,
+    tracestate: Option<String>,
     attempts: i32,
     created_at: DateTime<Utc>,
 }
@@ -29,6 +32,10 @@ impl From<MessageRow> for ClaimedMessage {
             dedupe_key: r.dedupe_key,
             payload: r.payload.into(),
             attributes: r.attributes.0,
+            trace_context: r.traceparent.map(|traceparent| TraceContext {
+                traceparent,
+                tracestate: r.tracestate,
+            }),
             attempts: r.attempts,
             created_at: r.created_at,
         }
@@ -61,20 +68,30 @@ pub async fn enqueue_batch(
     let mut dedupe = Vec::with_capacity(messages.len());
     let mut payloads = Vec::with_capacity(messages.len());
     let mut attributes = Vec::with_capacity(messages.len());
+    let mut parents = Vec::with_capacity(messages.len());
+    let mut states = Vec::with_capacity(messages.len());
     for m in messages {
         topics.push(m.topic.as_str());
         keys.push(m.ordering_key.as_deref());
         dedupe.push(m.dedupe_key.as_str());
         payloads.push(m.payload.as_slice());
         attributes.push(serde_json::to_string(&m.attributes).unwrap_or_else(|_| "{}".to_owned()));
+        parents.push(m.trace_context.as_ref().map(|c| c.traceparent.as_str()));
+        states.push(
+            m.trace_context
+                .as_ref()
+                .and_then(|c| c.tracestate.as_deref()),
+        );
     }
     // WITH ORDINALITY keeps the caller's order in the identity column, which is the order
     // messages sharing an ordering key are published in.
     let result = sqlx::query(
-        "INSERT INTO pubsub_outbox (topic, ordering_key, dedupe_key, payload, attributes)
-         SELECT t, k, d, p, a::jsonb
-         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[])
-              WITH ORDINALITY AS m(t, k, d, p, a, n)
+        "INSERT INTO pubsub_outbox (topic, ordering_key, dedupe_key, payload, attributes,
+                                    traceparent, tracestate)
+         SELECT t, k, d, p, a::jsonb, tp, ts
+         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[],
+                     $7::text[])
+              WITH ORDINALITY AS m(t, k, d, p, a, tp, ts, n)
          ORDER BY n
          ON CONFLICT (dedupe_key) DO NOTHING",
     )
@@ -84,6 +101,8 @@ pub async fn enqueue_batch(
     .bind(&dedupe)
     .bind(&payloads)
     .bind(&attributes)
+    .bind(&parents)
+    .bind(&states)
     .execute(&mut *conn)
     .await
     .context("inserting messages into pubsub_outbox")?;
@@ -362,8 +381,8 @@ pub async fn get(conn: &mut PgConnection, id: i64) -> Result<Option<OutboxRow>> 
         next_attempt_at: DateTime<Utc>,
     }
     let row: Option<Row> = sqlx::query_as(
-        "SELECT id, topic, ordering_key, dedupe_key, payload, attributes, attempts, created_at,
-                published_at, pubsub_message_id, last_error, next_attempt_at
+        "SELECT id, topic, ordering_key, dedupe_key, payload, attributes, traceparent, tracestate,
+                attempts, created_at, published_at, pubsub_message_id, last_error, next_attempt_at
          FROM pubsub_outbox WHERE id = $1",
     )
     .persistent(crate::store::named_statements())

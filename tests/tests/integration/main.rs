@@ -25,4 +25,5 @@ mod schema;
 mod services;
 mod sidecar;
 mod throughput;
+mod traces;
 mod transport;

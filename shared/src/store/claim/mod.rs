@@ -164,8 +164,8 @@ pub async fn claim_batch(
     // (COALESCE, not `IS NULL OR`), so a generic plan keeps it as the index scan's start.
     let rows: Vec<Row> = sqlx::query_as(
         "WITH claimed AS MATERIALIZED (
-             SELECT id, topic, ordering_key, dedupe_key, payload, attributes, attempts, created_at,
-                    next_attempt_at
+             SELECT id, topic, ordering_key, dedupe_key, payload, attributes, traceparent,
+                    tracestate, attempts, created_at, next_attempt_at
              FROM pubsub_outbox
              WHERE published_at IS NULL AND ordering_key IS NULL
                AND next_attempt_at <= $1
@@ -176,8 +176,9 @@ pub async fn claim_batch(
              ORDER BY next_attempt_at, id
              LIMIT $2
              FOR UPDATE SKIP LOCKED)
-         SELECT id, topic, ordering_key, dedupe_key, payload, attributes, attempts, created_at,
-                next_attempt_at, (SELECT e.epoch FROM pubsub_outbox_claim_epoch e) AS epoch
+         SELECT id, topic, ordering_key, dedupe_key, payload, attributes, traceparent, tracestate,
+                attempts, created_at, next_attempt_at,
+                (SELECT e.epoch FROM pubsub_outbox_claim_epoch e) AS epoch
          FROM claimed
          ORDER BY id",
     )

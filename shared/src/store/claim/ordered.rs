@@ -8,6 +8,7 @@ use sqlx::PgConnection;
 use super::ClaimFilter;
 use crate::error::{DbContext, Result};
 use crate::message::{Attributes, ClaimedMessage};
+use crate::trace::TraceContext;
 
 /// Where the round-robin walk over ordering keys resumes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -99,6 +100,8 @@ struct KeyedRow {
     dedupe_key: Option<String>,
     payload: Option<Vec<u8>>,
     attributes: Option<sqlx::types::Json<Attributes>>,
+    traceparent: Option<String>,
+    tracestate: Option<String>,
     attempts: Option<i32>,
     created_at: Option<DateTime<Utc>>,
     next_attempt_at: Option<DateTime<Utc>>,
@@ -153,6 +156,10 @@ impl KeyedRow {
             dedupe_key: self.dedupe_key?,
             payload: self.payload?.into(),
             attributes: self.attributes?.0,
+            trace_context: self.traceparent.map(|traceparent| TraceContext {
+                traceparent,
+                tracestate: self.tracestate,
+            }),
             attempts: self.attempts?,
             created_at: self.created_at?,
         };
@@ -335,6 +342,7 @@ mod tests {
             dedupe_key: format!("d{id}"),
             payload: bytes::Bytes::new(),
             attributes: Attributes::new(),
+            trace_context: None,
             attempts: 0,
             created_at: Utc::now(),
         }

@@ -117,7 +117,7 @@ key_rows AS (
 ),
 claimed AS (
     SELECT o.id, o.topic, o.ordering_key, o.dedupe_key, o.payload, o.attributes,
-           o.attempts, o.created_at, o.next_attempt_at
+           o.traceparent, o.tracestate, o.attempts, o.created_at, o.next_attempt_at
     FROM pubsub_outbox o
     WHERE o.id = ANY(ARRAY(SELECT id FROM key_rows)) AND o.published_at IS NULL
     FOR UPDATE OF o
@@ -148,11 +148,12 @@ SELECT w.last[1] AS last_topic, w.last[2] AS last_key, w.visited,
        (SELECT last_value FROM pubsub_outbox_id_seq) AS allocated,
        NULL::bigint AS id, NULL::text AS topic, NULL::text AS ordering_key,
        NULL::text AS dedupe_key, NULL::bytea AS payload, NULL::jsonb AS attributes,
-       NULL::int AS attempts, NULL::timestamptz AS created_at, NULL::timestamptz AS next_attempt_at
+       NULL::text AS traceparent, NULL::text AS tracestate, NULL::int AS attempts, NULL::timestamptz AS created_at, NULL::timestamptz AS next_attempt_at
 FROM walk w CROSS JOIN seen s
 UNION ALL
 (SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-        c.id, c.topic, c.ordering_key, c.dedupe_key, c.payload, c.attributes, c.attempts,
+        c.id, c.topic, c.ordering_key, c.dedupe_key, c.payload, c.attributes, c.traceparent,
+        c.tracestate, c.attempts,
         c.created_at, c.next_attempt_at
  FROM claimed c
  ORDER BY c.topic, c.ordering_key, c.id)

@@ -49,6 +49,7 @@ fn messages(start: usize, end: usize, payload_bytes: usize) -> Vec<NewMessage> {
             dedupe_key: format!("bench-{i}"),
             payload: (0..payload_bytes).map(|j| (i ^ j) as u8).collect(),
             attributes: [("row".to_owned(), i.to_string())].into(),
+            trace_context: None,
         })
         .collect()
 }

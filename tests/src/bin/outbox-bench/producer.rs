@@ -435,6 +435,7 @@ async fn written(db: &Scratch) -> Result<Vec<NewMessage>> {
                 dedupe_key,
                 payload,
                 attributes: attributes.0,
+                trace_context: None,
             },
         )
         .collect())

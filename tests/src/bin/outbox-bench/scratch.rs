@@ -73,6 +73,7 @@ impl Scratch {
                     dedupe_key: format!("bench-{i}"),
                     payload: payload(i),
                     attributes: Default::default(),
+                    trace_context: None,
                 })
                 .collect();
             let started = Instant::now();
