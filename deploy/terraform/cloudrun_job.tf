@@ -82,6 +82,19 @@ resource "google_cloud_run_v2_job" "producer" {
           name  = "OUTBOX_PRODUCER_ON_OVERLAP"
           value = "skip"
         }
+        # Tracing (tracing_enabled; docs/tracing.md): each execution is a trace its messages
+        # continue. The job's service account has roles/cloudtrace.agent then (iam.tf).
+        dynamic "env" {
+          for_each = var.tracing_enabled ? {
+            OUTBOX_TRACE_ENDPOINT     = var.trace_endpoint
+            OUTBOX_TRACE_SAMPLE_RATIO = tostring(var.trace_sample_ratio)
+            OUTBOX_TRACE_PROJECT      = var.project_id
+          } : {}
+          content {
+            name  = env.key
+            value = env.value
+          }
+        }
         env {
           # The task ends when its containers have exited: as it exits (success, failure or a
           # signal) the producer tells the proxy sidecar to exit too (its --quitquitquit below).

@@ -172,3 +172,18 @@ resource "google_cloud_run_v2_job_iam_member" "scheduler_runs_producer" {
   role     = "roles/run.invoker"
   member   = "serviceAccount:${google_service_account.scheduler.email}"
 }
+
+# ---- tracing (tracing_enabled; docs/tracing.md) ---------------------------------------------------
+
+# Cloud Trace's OTLP endpoint takes spans from a principal with cloudtrace.traces.patch: the
+# dispatcher (GKE, Workload Identity) and the producer (Cloud Run Job) export their own.
+resource "google_project_iam_member" "trace_agent" {
+  for_each = var.tracing_enabled ? {
+    dispatcher = google_service_account.dispatcher.email
+    producer   = google_service_account.producer.email
+  } : {}
+
+  project = var.project_id
+  role    = "roles/cloudtrace.agent"
+  member  = "serviceAccount:${each.value}"
+}

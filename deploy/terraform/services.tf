@@ -17,8 +17,13 @@ locals {
 }
 
 resource "google_project_service" "enabled" {
-  # Identity-Aware Proxy only for the console (console_enabled).
-  for_each = toset(concat(local.services, var.console_enabled ? ["iap.googleapis.com"] : []))
+  # Identity-Aware Proxy only for the console (console_enabled); Cloud Trace's OTLP endpoint
+  # (the Telemetry API) and Cloud Trace only with tracing_enabled.
+  for_each = toset(concat(
+    local.services,
+    var.console_enabled ? ["iap.googleapis.com"] : [],
+    var.tracing_enabled ? ["telemetry.googleapis.com", "cloudtrace.googleapis.com"] : [],
+  ))
 
   project            = var.project_id
   service            = each.value

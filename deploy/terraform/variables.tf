@@ -369,6 +369,29 @@ variable "producer_memory" {
 
 # ---- monitoring ---------------------------------------------------------------------------------
 
+variable "tracing_enabled" {
+  description = "Export traces (docs/tracing.md): grants the dispatcher's and the producer's service accounts roles/cloudtrace.agent, enables the Telemetry API, and sets the producer job's OUTBOX_TRACE_* (the dispatcher's are in its ConfigMap). Off: no spans leave; the writers' context is still passed on to consumers."
+  type        = bool
+  default     = false
+}
+
+variable "trace_endpoint" {
+  description = "The OTLP/gRPC endpoint of the traces: Cloud Trace's (the default, with the workload's credentials) or an OpenTelemetry Collector's (e.g. http://otel-collector.observability:4317)."
+  type        = string
+  default     = "https://telemetry.googleapis.com"
+}
+
+variable "trace_sample_ratio" {
+  description = "The share of new traces the producer samples, 0 to 1 (parent-based: a sampled writer's message stays sampled)."
+  type        = number
+  default     = 0.1
+
+  validation {
+    condition     = var.trace_sample_ratio >= 0 && var.trace_sample_ratio <= 1
+    error_message = "trace_sample_ratio is a share of traces: a number from 0 to 1."
+  }
+}
+
 variable "alert_notification_channels" {
   description = "Cloud Monitoring notification channel ids (projects/P/notificationChannels/N) that page: the dispatcher's alerts labelled severity: page (deploy/k8s/alerts.yaml), the producer and database alerts. Required unless allow_alerts_without_notification."
   type        = list(string)

@@ -213,15 +213,14 @@ async fn earlier_release_install() -> TestDb {
 #[tokio::test]
 async fn an_install_recorded_in_sqlx_migrations_upgrades_without_running_anything_again() {
     let db = earlier_release_install().await;
-    enqueue(
-        &db.pool,
-        &[message(
-            "projects/p/topics/t",
-            "waiting-before-the-upgrade",
-            &[],
-        )],
+    // Written as that release's writers write: the columns of its schema only.
+    sqlx::query(
+        "INSERT INTO pubsub_outbox (topic, dedupe_key, payload)
+         VALUES ('projects/p/topics/t', 'waiting-before-the-upgrade', '\\x00')",
     )
-    .await;
+    .execute(&db.pool)
+    .await
+    .expect("a row written before the upgrade");
     let recorded = versions(&db.pool, "_sqlx_migrations").await;
 
     let upgrade = outbox_shared::migrate(&db.pool)

@@ -43,6 +43,7 @@ mod producer;
 mod report;
 mod scratch;
 mod soak;
+mod trace_cost;
 
 use std::process::ExitCode;
 
@@ -105,6 +106,9 @@ enum Command {
     Producer(producer::ProducerArgs),
     /// The console's pages with a large outbox (10^6 rows, 10^5 dead letters): ms per page.
     Console(console::ConsoleArgs),
+    /// What tracing costs the real dispatcher binary, unkeyed: off (before/after), off with a
+    /// context in every row, on at 10 % and at 100 % sampled, exporting to a stand-in receiver.
+    Tracing(trace_cost::TracingArgs),
 }
 
 #[tokio::main]
@@ -133,6 +137,7 @@ async fn run(cli: Cli) -> Result<()> {
         | Command::Soak(_) => 4,
         Command::Peer(a) => a.workers,
         Command::Enqueue(_) | Command::Producer(_) | Command::Console(_) => 1,
+        Command::Tracing(a) => a.workers,
     };
     println!("load average at start: {}", load_average());
     let db = Scratch::create(&cli.database_url, workers.max(1)).await?;
@@ -159,6 +164,7 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Enqueue(a) => interruptible(enqueue::enqueue_bench(&db, a)).await,
         Command::Producer(a) => interruptible(producer::producer_bench(&db, a)).await,
         Command::Console(a) => interruptible(console::console_bench(&db, a)).await,
+        Command::Tracing(a) => interruptible(trace_cost::tracing_bench(&db, a)).await,
     };
     db.pool.close().await;
     // Dropping the scratch database removes it.

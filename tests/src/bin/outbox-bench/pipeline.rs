@@ -55,7 +55,7 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
 }
 
 impl Common {
-    fn contenders(&self) -> Result<Vec<Contender>> {
+    pub(crate) fn contenders(&self) -> Result<Vec<Contender>> {
         let _ = EXTRA_ENV.set(self.dispatcher_env.clone());
         if self.dispatcher_bin.is_empty() {
             Ok(vec![default_contender()?])
@@ -132,7 +132,7 @@ pub struct ResourcesArgs {
 }
 
 /// A topic with no subscription (the emulator accepts and keeps nothing), deleted at the end.
-struct BenchTopic {
+pub(crate) struct BenchTopic {
     admin: TopicAdmin,
     name: String,
 }
@@ -162,7 +162,7 @@ impl BenchTopic {
     }
 
     /// Runs `work` on a fresh topic, deleted afterwards (also after `work` failed).
-    async fn around(
+    pub(crate) async fn around(
         common: &Common,
         what: &str,
         work: impl AsyncFnOnce(&str) -> Result<()>,
@@ -187,7 +187,7 @@ fn anonymous() -> google_cloud_auth::credentials::Credentials {
     google_cloud_auth::credentials::anonymous::Builder::new().build()
 }
 
-fn env(workers: usize) -> Vec<(&'static str, String)> {
+pub(crate) fn env(workers: usize) -> Vec<(&'static str, String)> {
     let mut env = vec![("OUTBOX_WORKERS", workers.to_string())];
     for (k, v) in EXTRA_ENV.get().into_iter().flatten() {
         env.push((k.as_str(), v.clone()));
@@ -199,7 +199,7 @@ fn env(workers: usize) -> Vec<(&'static str, String)> {
 static EXTRA_ENV: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
 
 /// Fills the outbox, runs `procs` dispatchers (each with `env`) until all is published.
-async fn run_binary(
+pub(crate) async fn run_binary(
     db: &Scratch,
     contender: &Contender,
     emulator: &str,
@@ -449,7 +449,7 @@ async fn ceiling_rounds(
     Ok(())
 }
 
-fn cpu_split(us: &[f64; 3]) -> String {
+pub(crate) fn cpu_split(us: &[f64; 3]) -> String {
     format!("{:.1} / {:.1} / {:.1}", us[0], us[1], us[2])
 }
 

@@ -59,6 +59,52 @@ impl Scratch {
         topic: &str,
         payload: impl Fn(usize) -> Vec<u8>,
     ) -> Result<f64> {
+        self.refill_messages(n, |i| NewMessage {
+            topic: topic.to_owned(),
+            ordering_key: keys.0.map(|k| format!("key-{}", i % k)),
+            dedupe_key: format!("bench-{i}"),
+            payload: payload(i),
+            attributes: Default::default(),
+            trace_context: None,
+        })
+        .await
+    }
+
+    /// [`Self::refill`] with unkeyed rows that each carry a writer's trace context, one in
+    /// `sampled_every` of them sampled (as writers sampling at that ratio write them).
+    pub async fn refill_traced(
+        &self,
+        n: usize,
+        payload_bytes: usize,
+        topic: &str,
+        sampled_every: usize,
+    ) -> Result<f64> {
+        self.refill_messages(n, |i| {
+            let flags = u8::from(i % sampled_every.max(1) == 0);
+            let context = outbox_shared::TraceParent {
+                trace_id: (0x5eed_0000_0000_0000_0000_0000_0000_0000_u128 + i as u128 + 1)
+                    .to_be_bytes(),
+                span_id: (0xa11c_e000_0000_0000_u64 + i as u64 + 1).to_be_bytes(),
+                flags,
+            };
+            NewMessage {
+                topic: topic.to_owned(),
+                ordering_key: None,
+                dedupe_key: format!("bench-{i}"),
+                payload: (0..payload_bytes).map(|j| (i ^ j) as u8).collect(),
+                attributes: Default::default(),
+                trace_context: Some(outbox_shared::TraceContext::new(context.to_string())),
+            }
+        })
+        .await
+    }
+
+    /// Empties the outbox and enqueues `message(i)` for `i` in `0..n`: rows/s of the enqueue.
+    async fn refill_messages(
+        &self,
+        n: usize,
+        message: impl Fn(usize) -> NewMessage,
+    ) -> Result<f64> {
         let mut conn = self.db.pool.acquire().await?;
         sqlx::raw_sql("TRUNCATE pubsub_outbox, pubsub_outbox_dead_letter")
             .execute(&mut *conn)
@@ -66,16 +112,7 @@ impl Scratch {
             .context("emptying the outbox")?;
         let mut spent = Duration::ZERO;
         for start in (0..n).step_by(FILL_CHUNK) {
-            let chunk: Vec<NewMessage> = (start..n.min(start + FILL_CHUNK))
-                .map(|i| NewMessage {
-                    topic: topic.to_owned(),
-                    ordering_key: keys.0.map(|k| format!("key-{}", i % k)),
-                    dedupe_key: format!("bench-{i}"),
-                    payload: payload(i),
-                    attributes: Default::default(),
-                    trace_context: None,
-                })
-                .collect();
+            let chunk: Vec<NewMessage> = (start..n.min(start + FILL_CHUNK)).map(&message).collect();
             let started = Instant::now();
             let mut tx = sqlx::Connection::begin(&mut *conn).await?;
             enqueue_batch(&mut tx, &chunk).await?;
