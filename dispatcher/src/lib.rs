@@ -35,6 +35,7 @@ pub mod error;
 pub mod fault;
 mod floors;
 mod liveness;
+mod log_gate;
 pub mod metrics;
 pub mod ops;
 pub mod publisher;

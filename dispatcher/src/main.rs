@@ -10,7 +10,8 @@ use outbox_dispatcher::publisher::PubsubPublisher;
 use outbox_dispatcher::{Cli, Command, Dispatcher, DispatcherConfig, DispatcherError};
 use outbox_runtime::exit::fail;
 use outbox_runtime::shutdown::{Shutdown, on_signals};
-use outbox_runtime::traces::{Traces, start_with_logs};
+use outbox_runtime::telemetry::start_with_logs;
+use outbox_runtime::traces::Traces;
 
 #[tokio::main]
 async fn main() -> ExitCode {

@@ -24,7 +24,7 @@ use outbox_shared::limits::{MAX_ATTRIBUTES, MAX_MESSAGE_BYTES};
 use outbox_shared::trace::{TRACEPARENT_ATTRIBUTE, TRACESTATE_ATTRIBUTE, TraceParent};
 
 use crate::classify::PublishFailure;
-use crate::dispatch::LogGate;
+use crate::log_gate::LogGate;
 use crate::metrics::Metrics;
 
 /// Checks the trace context of every claimed row (module documentation): keeps a valid one

@@ -8,7 +8,7 @@ use outbox_producer::sidecar::SidecarQuit;
 use outbox_producer::{Cli, Command, RunArgs, StartupError};
 use outbox_runtime::exit::fail;
 use outbox_runtime::telemetry::LogFormat;
-use outbox_runtime::traces::start_with_logs;
+use outbox_runtime::telemetry::start_with_logs;
 
 #[tokio::main]
 async fn main() -> ExitCode {

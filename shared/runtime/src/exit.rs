@@ -100,6 +100,12 @@ pub fn describe(error: &(dyn std::error::Error + 'static)) -> String {
     out
 }
 
+impl Failure for crate::traces::TracesError {
+    fn is_configuration(&self) -> bool {
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,7 +17,7 @@ use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
-use crate::traces::Traces;
+use crate::traces::{TraceArgs, Traces, TracesError};
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -95,6 +95,31 @@ fn install(args: &TelemetryArgs, traces: &Traces, project: Option<String>) {
             )
             .try_init(),
     };
+}
+
+/// Starts the trace pipeline `args` asks for (none without them, or without an endpoint) and
+/// installs the global subscriber with it ([`init_traced`]). A pipeline that
+/// cannot be built is a configuration error: the logs are installed, and the error returned.
+pub async fn start_with_logs(
+    logs: &TelemetryArgs,
+    args: Option<&TraceArgs>,
+    service: &'static str,
+) -> Result<Traces, TracesError> {
+    let traces = match args {
+        Some(args) => Traces::start(args, service).await,
+        None => Ok(Traces::default()),
+    };
+    let project = args.and_then(TraceArgs::project);
+    let installed = traces.as_ref().cloned().unwrap_or_default();
+    init_traced(logs, &installed, project);
+    if let Some(args) = args.filter(|_| installed.enabled()) {
+        tracing::info!(
+            trace.endpoint = args.trace_endpoint.as_deref().unwrap_or_default(),
+            trace.sample_ratio = args.trace_sample_ratio,
+            "Tracing on: spans are exported over OTLP (docs/tracing.md)."
+        );
+    }
+    traces
 }
 
 /// Cloud Logging's severity names.

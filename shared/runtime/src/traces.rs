@@ -104,12 +104,6 @@ pub enum TracesError {
     },
 }
 
-impl crate::exit::Failure for TracesError {
-    fn is_configuration(&self) -> bool {
-        true
-    }
-}
-
 /// Whether this process exports traces (set once the pipeline is built).
 static ON: AtomicBool = AtomicBool::new(false);
 
@@ -117,31 +111,6 @@ static ON: AtomicBool = AtomicBool::new(false);
 /// asks first, so nothing is built when tracing is off.
 pub fn on() -> bool {
     ON.load(Ordering::Relaxed)
-}
-
-/// Starts the trace pipeline `args` asks for (none without them, or without an endpoint) and
-/// installs the global subscriber with it (`crate::telemetry::init_traced`). A pipeline that
-/// cannot be built is a configuration error: the logs are installed, and the error returned.
-pub async fn start_with_logs(
-    logs: &crate::telemetry::TelemetryArgs,
-    args: Option<&TraceArgs>,
-    service: &'static str,
-) -> Result<Traces, TracesError> {
-    let traces = match args {
-        Some(args) => Traces::start(args, service).await,
-        None => Ok(Traces::default()),
-    };
-    let project = args.and_then(TraceArgs::project);
-    let installed = traces.as_ref().cloned().unwrap_or_default();
-    crate::telemetry::init_traced(logs, &installed, project);
-    if let Some(args) = args.filter(|_| installed.enabled()) {
-        tracing::info!(
-            trace.endpoint = args.trace_endpoint.as_deref().unwrap_or_default(),
-            trace.sample_ratio = args.trace_sample_ratio,
-            "Tracing on: spans are exported over OTLP (docs/tracing.md)."
-        );
-    }
-    traces
 }
 
 /// The trace pipeline of a process: none when tracing is off.
