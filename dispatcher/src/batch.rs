@@ -25,9 +25,9 @@ use chrono::{DateTime, Utc};
 use opentelemetry::KeyValue;
 use outbox_shared::ClaimedMessage;
 use outbox_shared::limits::check_publishable;
-use outbox_shared::store::claim::{self, ClaimFilter, OrderedClaim};
+use outbox_shared::store::claim::{self, ClaimFilter, KeyCursor, KeyFloor, OrderedClaim};
 use outbox_shared::store::dead_letter::Failure;
-use outbox_shared::store::settle::settle;
+use outbox_shared::store::settle::{self, settle};
 use sqlx::PgConnection;
 use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
@@ -49,8 +49,16 @@ pub struct Settled {
     pub retried: usize,
     /// Moved to the dead-letter table.
     pub dead_lettered: usize,
-    /// Released untouched (not attempted, or held behind a failure on their key).
+    /// Released untouched (not attempted, held behind a failure on their key, or their topic
+    /// refused as a whole).
     pub released: usize,
+    /// Rows whose topic Pub/Sub refused as a whole (held: `crate::hold`), among `released`.
+    pub topic_refused: usize,
+    /// Rows refused for quota, waiting without an attempt charged (`crate::pace`), among
+    /// `retried`.
+    pub throttled: usize,
+    /// A held topic's probe was accepted: the topic is released.
+    pub unheld: bool,
 }
 
 /// The outcome of [`run_batch`].
@@ -69,10 +77,39 @@ pub enum BatchOutcome {
     },
 }
 
+/// Which rows a batch claims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope<'a> {
+    /// Everything this replica serves, except the topics it leaves alone now (held, or slowed
+    /// down by quota), from where it knows the live rows start.
+    Serve,
+    /// One row of a held topic, its head (a key's first row, or its oldest unkeyed row): the
+    /// probe of `crate::hold`, from the outbox's start.
+    Probe(&'a str),
+}
+
 /// Claims, publishes and settles one batch of rows due at `now`. With tracing on, the batch is a
 /// span (`run_batch`) with the steps `claim`, `publish` and `settle` as its children; retries,
 /// dead letters and an outage are its events and status (docs/tracing.md).
+pub(crate) async fn run_batch<P: Publish>(
+    d: &Dispatch<P>,
+    now: DateTime<Utc>,
+) -> Result<BatchOutcome, DispatcherError> {
+    run(d, now, Scope::Serve).await
+}
+
+/// Probes the held `topic` with its head message: a batch of one that, accepted, releases the
+/// topic (`crate::hold`). [`BatchOutcome::Empty`] when none of its rows is due.
+pub(crate) async fn probe_held<P: Publish>(
+    d: &Dispatch<P>,
+    topic: &str,
+    now: DateTime<Utc>,
+) -> Result<BatchOutcome, DispatcherError> {
+    run(d, now, Scope::Probe(topic)).await
+}
+
 #[tracing::instrument(
+    name = "run_batch",
     skip_all,
     fields(
         batch.size = tracing::field::Empty,
@@ -81,9 +118,10 @@ pub enum BatchOutcome {
     ),
     err(level = "debug")
 )]
-pub(crate) async fn run_batch<P: Publish>(
+async fn run<P: Publish>(
     d: &Dispatch<P>,
     now: DateTime<Utc>,
+    scope: Scope<'_>,
 ) -> Result<BatchOutcome, DispatcherError> {
     let mut steps = Steps::start();
     let claiming = tracing::info_span!("claim", db.system = "postgresql");
@@ -92,7 +130,7 @@ pub(crate) async fn run_batch<P: Publish>(
         .begin(&d.pool)
         .instrument(claiming.clone())
         .await?;
-    let (mut claimed, give_back) = claim(d, &mut tx, now).instrument(claiming).await?;
+    let (mut claimed, give_back) = claim(d, &mut tx, now, scope).instrument(claiming).await?;
     d.metrics.claim_seconds.observe(steps.claimed());
     if claimed.is_empty() {
         // Nothing locked, nothing written: ending the transaction either way is the same.
@@ -102,9 +140,11 @@ pub(crate) async fn run_batch<P: Publish>(
     let _in_flight = d.hold(claimed.len());
     tracing::Span::current().record("batch.size", claimed.len());
     d.metrics.batch_size.observe(claimed.len() as f64);
+    let backoff = |topic: &str| d.paces.backoff(topic);
     let policy = Policy {
         schedule: &d.settings.schedule,
         skip_dead_letter_topics: &d.settings.skip_dead_letter_topics,
+        quota_backoff: &backoff,
     };
     crate::trace::vet(
         &mut claimed,
@@ -125,39 +165,63 @@ pub(crate) async fn run_batch<P: Publish>(
         let stall = publish(d, &claimed, &mut attempts).await;
         isolate(d, &claimed, &mut attempts, policy).await;
         d.storms.learn(&claimed, &attempts);
+        for topic in d.paces.learn(&claimed, &attempts) {
+            tracing::warn!(
+                pubsub.topic = %topic,
+                max_backoff = ?d.refusals.quota_max_backoff,
+                "Pub/Sub's quota refuses the topic's requests (RESOURCE_EXHAUSTED): it slows down \
+                 (its refused rows wait, no attempt is charged) and speeds up again as requests \
+                 are accepted."
+            );
+        }
         let outage = match stall {
             Some(probe_error) => Some(probe_error),
             None if decide::may_be_outage(&attempts) => probe_failure(d, &claimed, &attempts).await,
             None => None,
         };
-        let decision = match &outage {
+        let answered = match scope {
+            Scope::Probe(topic) => decide::topic_answered(&claimed, &attempts, topic),
+            Scope::Serve => false,
+        };
+        let mut decision = match &outage {
             Some(_) => decide::outage(&claimed, attempts),
             None => decide::decide(&claimed, attempts, policy, now, fastrand::f64),
         };
+        if let (Scope::Probe(topic), true, None) = (scope, answered, &outage) {
+            decision.settlement.unheld.push(topic.to_owned());
+        }
         (outage, decision)
     }
     .instrument(publishing)
     .await;
     steps.published();
-    async {
-        settle(
+    let changed = async {
+        let changed = settle(
             &mut tx,
             &decision.settlement,
             d.settings.retain_published,
             now,
+            d.refusals.held_probe_interval,
         )
         .await?;
+        if !changed.unheld.is_empty()
+            && let Some(channel) = &d.notify_channel
+        {
+            // The released topic's rows are claimable again: wake the dispatchers.
+            outbox_shared::notify(&mut tx, channel).await?;
+        }
         tx.commit()
             .await
             .map_err(|source| outbox_shared::Error::Database {
                 context: "committing a settled batch",
                 source,
-            })
+            })?;
+        Ok::<_, DispatcherError>(changed)
     }
     .instrument(tracing::info_span!("settle", db.system = "postgresql"))
     .await?;
     give_back.settled(&claimed, &decision.settlement.released);
-    record(d, &claimed, &decision, now);
+    record(d, &claimed, &decision, &changed, now);
     steps.log_if_slow(d, &claimed, now);
     match outage {
         Some(error) => {
@@ -178,62 +242,112 @@ pub(crate) async fn run_batch<P: Publish>(
                 released: decision.settlement.released.len(),
             })
         }
-        None => Ok(BatchOutcome::Settled(Settled {
-            claimed: claimed.len(),
-            published: decision.settlement.published.len(),
-            retried: decision.settlement.retries.len(),
-            dead_lettered: decision.settlement.dead_letters.len(),
-            released: decision.settlement.released.len(),
-        })),
+        None => {
+            let s = &decision.settlement;
+            let refused: HashSet<&str> = s.holds.iter().map(|h| h.topic.as_str()).collect();
+            let released: HashSet<i64> = s.released.iter().copied().collect();
+            Ok(BatchOutcome::Settled(Settled {
+                claimed: claimed.len(),
+                published: s.published.len(),
+                retried: s.retries.len(),
+                dead_lettered: s.dead_letters.len(),
+                released: s.released.len(),
+                topic_refused: claimed
+                    .iter()
+                    .filter(|m| released.contains(&m.id) && refused.contains(m.topic.as_str()))
+                    .count(),
+                throttled: decision.throttled,
+                unheld: !changed.unheld.is_empty(),
+            }))
+        }
     }
 }
 
-/// Claims ordering keys first (whole keys, in id order), then fills the batch with unkeyed rows,
-/// each from where this replica knows the live rows start (`crate::floors`); the unkeyed floor
-/// follows the rows taken, and goes back to them unless the batch settles them ([`GiveBack`]).
+/// Claims ordering keys first (whole keys, in id order), then fills the batch with unkeyed rows.
+/// Serving, each claim starts from where this replica knows the live rows start
+/// (`crate::floors`) and leaves alone the topics held or slowed down; the unkeyed floor follows
+/// the rows taken, and goes back to them unless the batch settles them ([`GiveBack`]). A probe
+/// takes one row of its topic from the outbox's start, and teaches the floors nothing.
 async fn claim<'d, P: Publish>(
     d: &'d Dispatch<P>,
     tx: &mut PgConnection,
     now: DateTime<Utc>,
+    scope: Scope<'_>,
 ) -> Result<(Vec<ClaimedMessage>, GiveBack<'d>), DispatcherError> {
-    let filter = ClaimFilter {
-        now,
-        limit: d.settings.batch_size,
-        topics: d.settings.topics.as_deref(),
+    let mut give_back = GiveBack {
+        floors: &d.floors,
+        oldest: None,
     };
-    let (cursor, max_keys) = d.keys.next();
+    let probed: [String; 1];
+    let (filter, cursor, max_keys, excluded) = match scope {
+        Scope::Serve => {
+            let (cursor, max_keys) = d.keys.next();
+            let filter = ClaimFilter {
+                now,
+                limit: d.settings.batch_size,
+                topics: d.settings.topics.as_deref(),
+                excluded: &[],
+            };
+            (filter, cursor, max_keys, d.left_alone())
+        }
+        Scope::Probe(topic) => {
+            probed = [topic.to_owned()];
+            let filter = ClaimFilter {
+                now,
+                limit: 1,
+                topics: Some(&probed),
+                excluded: &[],
+            };
+            let cursor = KeyCursor {
+                topic: topic.to_owned(),
+                ordering_key: String::new(),
+            };
+            (filter, cursor, 1, Vec::new())
+        }
+    };
+    let filter = ClaimFilter {
+        excluded: &excluded,
+        ..filter
+    };
     let ordered = OrderedClaim {
         filter: filter.clone(),
         scan_limit: d.settings.key_scan_limit,
         skip_dead_letter_topics: &d.settings.skip_dead_letter_topics,
         max_keys,
     };
-    let floor = d.floors.key_floor(
-        &cursor,
-        usize::try_from(ordered.scan_limit).unwrap_or(usize::MAX),
-    );
-    let keyed = claim::claim_ordered(tx, &ordered, &cursor, &floor).await?;
-    d.floors.saw(keyed.epoch, keyed.allocated, &keyed.seen);
-    d.keys.learn(
-        keyed.keys,
-        keyed.saturated_keys,
-        max_keys,
-        keyed.next_cursor,
-    );
-    let mut claimed = keyed.messages;
-    let mut give_back = GiveBack {
-        floors: &d.floors,
-        oldest: None,
+    let serving = scope == Scope::Serve;
+    let floor = if serving {
+        d.floors.key_floor(
+            &cursor,
+            usize::try_from(ordered.scan_limit).unwrap_or(usize::MAX),
+        )
+    } else {
+        KeyFloor::default()
     };
-    let room = d.settings.batch_size - claimed.len() as i64;
+    let keyed = claim::claim_ordered(tx, &ordered, &cursor, &floor).await?;
+    if serving {
+        d.floors.saw(keyed.epoch, keyed.allocated, &keyed.seen);
+        d.keys.learn(
+            keyed.keys,
+            keyed.saturated_keys,
+            max_keys,
+            keyed.next_cursor,
+        );
+    }
+    let mut claimed = keyed.messages;
+    let room = filter.limit - claimed.len() as i64;
     if room > 0 {
         let unkeyed = ClaimFilter {
             limit: room,
             ..filter
         };
-        let (floor, epoch) = d.floors.unkeyed();
+        let (floor, epoch) = if serving {
+            d.floors.unkeyed()
+        } else {
+            (None, 0)
+        };
         let batch = claim::claim_batch(tx, &unkeyed, floor, epoch).await?;
-        if let (Some(oldest), Some(epoch)) = (batch.oldest_due, batch.epoch) {
+        if serving && let (Some(oldest), Some(epoch)) = (batch.oldest_due, batch.epoch) {
             d.floors.took_unkeyed(epoch, oldest);
             give_back.oldest = Some(oldest);
         }
@@ -509,7 +623,8 @@ async fn isolate_key<P: Publish>(
     for i in (first..claimed.len()).filter(|i| of_key(&claimed[*i])) {
         match &attempts[i] {
             Attempt::Published(_) => continue,
-            Attempt::Failed(f) if f.kind != FailureKind::Transient => {}
+            Attempt::Failed(f)
+                if matches!(f.kind, FailureKind::Permanent | FailureKind::NotAttempted) => {}
             // A transient failure, a rejection or a held-back message: the rest waits.
             _ => return updates,
         }
@@ -636,11 +751,13 @@ impl Steps {
     }
 }
 
-/// Metrics and logs of a settled batch (after the commit: only what is durable is reported).
+/// Metrics and logs of a settled batch (after the commit: only what is durable is reported), and
+/// the held topics it started or ended in this replica's memory.
 fn record<P: Publish>(
     d: &Dispatch<P>,
     claimed: &[ClaimedMessage],
     decision: &Decision,
+    changed: &settle::Settled,
     now: DateTime<Utc>,
 ) {
     let s = &decision.settlement;
@@ -667,24 +784,60 @@ fn record<P: Publish>(
     }
     for f in &s.dead_letters {
         d.metrics.dead_letter(f.kind.as_str(), 1);
+        let dead_letter_id = changed
+            .dead_letter_ids
+            .iter()
+            .find(|(outbox_id, _)| *outbox_id == f.id)
+            .map(|(_, id)| *id);
         if let Some(m) = claimed.iter().find(|m| m.id == f.id) {
-            log_dead_letter(d, m, f);
+            log_dead_letter(d, m, f, dead_letter_id);
         }
+    }
+    for hold in &s.holds {
+        d.holds.add(&hold.topic, &hold.code, &hold.message, now);
+        if changed.held.contains(&hold.topic) {
+            let waiting = claimed.iter().filter(|m| m.topic == hold.topic).count();
+            tracing::warn!(
+                pubsub.topic = %hold.topic, code = %hold.code, error = %hold.message,
+                first_probe = ?d.refusals.held_probe_interval,
+                max_probe_interval = ?d.refusals.held_max_probe_interval,
+                batch_rows = waiting,
+                "Pub/Sub refuses the topic as a whole, not a message of it: the topic is held. Its \
+                 rows wait untouched (no attempt charged, nothing dead-lettered, every key in \
+                 order), the other topics flow, and it is probed with its head message until Pub/Sub \
+                 accepts it. If it does not clear within minutes: docs/operating.md, \"A topic is held\"."
+            );
+        }
+    }
+    for topic in &changed.unheld {
+        d.holds.remove(topic);
+        tracing::info!(
+            pubsub.topic = %topic,
+            "Pub/Sub accepts the held topic again: it is released and its rows flow."
+        );
     }
 }
 
-fn log_dead_letter<P: Publish>(d: &Dispatch<P>, m: &ClaimedMessage, f: &Failure) {
+fn log_dead_letter<P: Publish>(
+    d: &Dispatch<P>,
+    m: &ClaimedMessage,
+    f: &Failure,
+    dead_letter_id: Option<i64>,
+) {
     match m.ordering_key.as_deref() {
         Some(key) if !d.settings.skip_dead_letter_topics.contains(&m.topic) => tracing::error!(
-            outbox.id = f.id, outbox.dedupe_key = %m.dedupe_key, pubsub.topic = %m.topic,
-            pubsub.ordering_key = key, error.kind = f.kind.as_str(), error = %f.error,
-            "Ordering key BLOCKED: its message was dead-lettered and the later messages of the key \
-             wait; replay or discard the dead letter to release it."
+            dead_letter.id = dead_letter_id, outbox.id = f.id, outbox.dedupe_key = %m.dedupe_key,
+            pubsub.topic = %m.topic, pubsub.ordering_key = key, error.kind = f.kind.as_str(),
+            error = %f.error,
+            "Ordering key BLOCKED: its message was dead-lettered (dispatcher dead-letters show \
+             <dead_letter.id>) and the later messages of the key wait; replay or discard the dead \
+             letter to release the key."
         ),
         _ => tracing::error!(
-            outbox.id = f.id, outbox.dedupe_key = %m.dedupe_key, pubsub.topic = %m.topic,
-            error.kind = f.kind.as_str(), error = %f.error,
-            "Message dead-lettered: inspect it, then replay or discard it."
+            dead_letter.id = dead_letter_id, outbox.id = f.id, outbox.dedupe_key = %m.dedupe_key,
+            pubsub.topic = %m.topic, error.kind = f.kind.as_str(), error = %f.error,
+            "Message dead-lettered: inspect it (dispatcher dead-letters show <dead_letter.id>), \
+             then replay or discard it."
         ),
     }
 }

@@ -1,5 +1,7 @@
 //! Publish failures as values with a reason: every message ends published, retried later
-//! (transient), or dead-lettered (permanent). One function maps gRPC codes to these.
+//! (transient), dead-lettered (its own fault), held with its topic (the topic is refused as a
+//! whole) or slowed down (quota). One table, [`CODES`], says what each gRPC code means; it is
+//! docs/dispatcher.md's failure table too (a test holds the two together).
 
 pub use tonic::Code;
 
@@ -8,10 +10,18 @@ use crate::transport::Failed;
 /// What a failed publish means for the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FailureKind {
-    /// May succeed later: retry on the row's schedule.
+    /// May succeed later: retry on the row's schedule (an attempt is charged).
     Transient,
-    /// Cannot succeed: dead-letter now.
+    /// The message's own fault (Pub/Sub refused what it holds): isolated, then dead-lettered.
     Permanent,
+    /// The topic, not the message, is refused (no permission yet, not created yet, its key
+    /// disabled, a proxy that does not route it): every request to it would fail alike. The
+    /// topic is held (`crate::hold`): its rows go back untouched, nothing is charged or
+    /// dead-lettered, and a probe releases it once Pub/Sub accepts it.
+    TopicRefused,
+    /// Quota or flow control (RESOURCE_EXHAUSTED): the topic slows down (`crate::pace`) and the
+    /// rows wait a little without an attempt charged.
+    Throttled,
     /// Never sent (an earlier request of its ordering key failed in the same batch): release the
     /// row untouched, no attempt is charged.
     NotAttempted,
@@ -23,8 +33,16 @@ impl FailureKind {
         match self {
             Self::Transient => "transient",
             Self::Permanent => "permanent",
+            Self::TopicRefused => "topic_refused",
+            Self::Throttled => "throttled",
             Self::NotAttempted => "not_attempted",
         }
+    }
+
+    /// Whether the failure charges the row an attempt (only a transient one does; a permanent
+    /// one dead-letters it).
+    pub fn charges_an_attempt(self) -> bool {
+        matches!(self, Self::Transient)
     }
 }
 
@@ -55,35 +73,92 @@ impl PublishFailure {
     }
 }
 
-/// Maps a gRPC status code to a failure kind.
-///
-/// Transient: the request may succeed unchanged later. Permanent: the request itself is wrong
-/// (bad argument, missing topic, no permission) and only an operator can fix it.
-/// UNAUTHENTICATED is transient: it is how an expired token shows, and a credentials outage must
-/// not dead-letter the backlog (the circuit breaker catches a persistent one). A status a proxy
-/// made from its HTTP answer follows tonic's mapping (401 UNAUTHENTICATED, 403 PERMISSION_DENIED,
-/// 404 UNIMPLEMENTED, 429/502/503/504 UNAVAILABLE, other 4xx/5xx INTERNAL or UNKNOWN).
+/// What each gRPC status a `Publish` may come back with means, in the codes' order: the code,
+/// its kind, and why (docs/dispatcher.md, "Failures", is this table). A status a proxy made from
+/// its HTTP answer follows tonic's mapping (401 UNAUTHENTICATED, 403 PERMISSION_DENIED, 404
+/// UNIMPLEMENTED, 429/502/503/504 UNAVAILABLE, other 4xx/5xx INTERNAL or UNKNOWN).
+pub const CODES: [(Code, FailureKind, &str); 17] = {
+    use FailureKind::{Permanent, Throttled, TopicRefused, Transient};
+    [
+        (
+            Code::Ok,
+            Transient,
+            "an answer without a result: sent again",
+        ),
+        (
+            Code::Cancelled,
+            Transient,
+            "the call was cancelled on the way",
+        ),
+        (
+            Code::Unknown,
+            Transient,
+            "a server or proxy error without a code",
+        ),
+        (
+            Code::InvalidArgument,
+            Permanent,
+            "the message itself: it breaks the topic's schema or a limit; isolated, then dead-lettered",
+        ),
+        (Code::DeadlineExceeded, Transient, "no answer in time"),
+        (
+            Code::NotFound,
+            TopicRefused,
+            "the topic does not exist (yet): created after its writers, or deleted",
+        ),
+        (
+            Code::AlreadyExists,
+            Permanent,
+            "never sent by Publish; if it is, the message is isolated like any refused one",
+        ),
+        (
+            Code::PermissionDenied,
+            TopicRefused,
+            "no pubsub.topics.publish on the topic: a grant still propagating (minutes), or missing",
+        ),
+        (
+            Code::ResourceExhausted,
+            Throttled,
+            "quota or flow control: the topic slows down, no attempt is charged",
+        ),
+        (
+            Code::FailedPrecondition,
+            TopicRefused,
+            "the topic cannot take messages now: its CMEK key disabled or destroyed",
+        ),
+        (
+            Code::Aborted,
+            Transient,
+            "a conflict on the server: sent again",
+        ),
+        (
+            Code::OutOfRange,
+            Permanent,
+            "never sent by Publish; if it is, the message is isolated like any refused one",
+        ),
+        (
+            Code::Unimplemented,
+            TopicRefused,
+            "a proxy or endpoint that does not serve Publish (an HTTP 404 on the way)",
+        ),
+        (Code::Internal, Transient, "a server error"),
+        (
+            Code::Unavailable,
+            Transient,
+            "Pub/Sub or the way to it is down (the breaker probes)",
+        ),
+        (Code::DataLoss, Transient, "a server error"),
+        (
+            Code::Unauthenticated,
+            Transient,
+            "an expired or refused token: a credentials outage, not the message's (the breaker probes)",
+        ),
+    ]
+};
+
+/// Maps a gRPC status code to a failure kind ([`CODES`]).
 pub fn classify_code(code: Code) -> FailureKind {
-    match code {
-        Code::Unavailable
-        | Code::DeadlineExceeded
-        | Code::ResourceExhausted
-        | Code::Internal
-        | Code::Aborted
-        | Code::Unknown
-        | Code::Cancelled
-        | Code::DataLoss
-        | Code::Unauthenticated
-        // OK is not a failure: an answer that says OK without a result is retried.
-        | Code::Ok => FailureKind::Transient,
-        Code::InvalidArgument
-        | Code::NotFound
-        | Code::PermissionDenied
-        | Code::AlreadyExists
-        | Code::FailedPrecondition
-        | Code::OutOfRange
-        | Code::Unimplemented => FailureKind::Permanent,
-    }
+    CODES[code as usize].1
 }
 
 /// The canonical name of a code (`NOT_FOUND`), as Google's documents and consoles write it.
@@ -134,22 +209,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_grpc_code_has_the_documented_kind_and_name() {
-        use FailureKind::{Permanent as P, Transient as T};
+    fn every_grpc_code_has_its_kind_and_name_and_the_topic_level_ones_hold_the_topic() {
+        use FailureKind::{Permanent as P, Throttled as Q, TopicRefused as H, Transient as T};
         let table = [
             (Code::Ok, T, "OK"),
             (Code::Cancelled, T, "CANCELLED"),
             (Code::Unknown, T, "UNKNOWN"),
             (Code::InvalidArgument, P, "INVALID_ARGUMENT"),
             (Code::DeadlineExceeded, T, "DEADLINE_EXCEEDED"),
-            (Code::NotFound, P, "NOT_FOUND"),
+            (Code::NotFound, H, "NOT_FOUND"),
             (Code::AlreadyExists, P, "ALREADY_EXISTS"),
-            (Code::PermissionDenied, P, "PERMISSION_DENIED"),
-            (Code::ResourceExhausted, T, "RESOURCE_EXHAUSTED"),
-            (Code::FailedPrecondition, P, "FAILED_PRECONDITION"),
+            (Code::PermissionDenied, H, "PERMISSION_DENIED"),
+            (Code::ResourceExhausted, Q, "RESOURCE_EXHAUSTED"),
+            (Code::FailedPrecondition, H, "FAILED_PRECONDITION"),
             (Code::Aborted, T, "ABORTED"),
             (Code::OutOfRange, P, "OUT_OF_RANGE"),
-            (Code::Unimplemented, P, "UNIMPLEMENTED"),
+            (Code::Unimplemented, H, "UNIMPLEMENTED"),
             (Code::Internal, T, "INTERNAL"),
             (Code::Unavailable, T, "UNAVAILABLE"),
             (Code::DataLoss, T, "DATA_LOSS"),
@@ -158,11 +233,38 @@ mod tests {
         assert_eq!(table.len(), 17, "every code gRPC defines");
         for (i, (code, kind, name)) in table.into_iter().enumerate() {
             assert_eq!(code as usize, i, "the table is in the codes' order");
+            assert_eq!(CODES[i].0, code, "CODES is in the codes' order");
             assert_eq!(classify_code(code), kind, "{name}");
             assert_eq!(code_name(code), name);
             let failure = classify(&Failed::Answered(Status::new(code, "why")));
             assert_eq!(failure.kind, kind, "{name}");
             assert_eq!(failure.message, format!("{name}: why"));
+            assert_eq!(
+                kind.charges_an_attempt(),
+                kind == T,
+                "{name}: only a transient failure charges an attempt"
+            );
+        }
+    }
+
+    #[test]
+    fn docs_dispatcher_md_lists_every_code_with_the_kind_of_this_table() {
+        let doc = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/dispatcher.md"
+        ))
+        .expect("read docs/dispatcher.md");
+        for (code, kind, _) in CODES {
+            let name = code_name(code);
+            let row = doc
+                .lines()
+                .find(|l| l.starts_with(&format!("| `{name}` |")))
+                .unwrap_or_else(|| panic!("docs/dispatcher.md has no row for `{name}`"));
+            assert!(
+                row.contains(&format!("| {} |", kind.as_str())),
+                "docs/dispatcher.md says otherwise of {name} (want {}): {row}",
+                kind.as_str()
+            );
         }
     }
 

@@ -16,7 +16,7 @@ use outbox_shared::{
 
 use crate::config::{
     BatchSettings, BreakerSettings, DispatcherConfig, FaultSettings, Idle, PubsubConfig,
-    SkipDeadLetters,
+    RefusalSettings, SkipDeadLetters,
 };
 
 /// pubsub-outbox dispatcher: drains the pubsub_outbox table to Google Cloud Pub/Sub, and the
@@ -261,6 +261,21 @@ pub struct DispatchArgs {
     /// --publish-timeout.
     #[arg(long, env = "OUTBOX_STALL_PROBE_AFTER", default_value = "3s", value_parser = humantime::parse_duration)]
     pub stall_probe_after: Duration,
+    /// A topic Pub/Sub refuses as a whole (PERMISSION_DENIED, NOT_FOUND, FAILED_PRECONDITION,
+    /// UNIMPLEMENTED) is held: its rows wait untouched and it is probed by publishing its head
+    /// message, first this long after the refusal, then at doubling intervals.
+    #[arg(long, env = "OUTBOX_HELD_TOPIC_PROBE_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub held_topic_probe_interval: Duration,
+    /// The longest interval between two probes of a held topic (at most 10m): its rows go out at
+    /// most about this long after Pub/Sub accepts the topic again.
+    #[arg(long, env = "OUTBOX_HELD_TOPIC_MAX_PROBE_INTERVAL", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub held_topic_max_probe_interval: Duration,
+    /// RESOURCE_EXHAUSTED (quota) slows a topic down instead of charging attempts: this replica
+    /// leaves the topic alone for a backoff that doubles from 100ms on each refusal and halves on
+    /// each accepted request, at most this long; the refused rows wait as long, no attempt
+    /// charged.
+    #[arg(long, env = "OUTBOX_QUOTA_MAX_BACKOFF", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub quota_max_backoff: Duration,
     /// Delete the heartbeat row of a replica that sent none for this long (a killed pod), so
     /// `dispatcher status` stops listing it as gone (at least 1m; `dispatcher replicas prune`
     /// removes one at once).
@@ -301,6 +316,14 @@ pub struct PubsubArgs {
     /// endpoint behind your own TLS, a test endpoint).
     #[arg(long, env = "OUTBOX_PUBSUB_CA_FILE", value_name = "PEM")]
     pub pubsub_ca_file: Option<std::path::PathBuf>,
+    /// The `:authority` of every request (TLS still verifies the endpoint's own name). By
+    /// default the one Google's clients send: pubsub.googleapis.com for private.googleapis.com,
+    /// restricted.googleapis.com (VPC Service Controls) and Private Service Connect names
+    /// (*.p.googleapis.com), the endpoint's own host for regional and locational endpoints and
+    /// for any other name. Set it for an endpoint of your own naming that forwards to Google
+    /// (--pubsub-authority pubsub.googleapis.com).
+    #[arg(long, env = "OUTBOX_PUBSUB_AUTHORITY", value_name = "HOST")]
+    pub pubsub_authority: Option<String>,
     /// Removed: the dispatcher sends each batch's requests at once, so there is no batching
     /// delay to tune. Refused with the reason when set.
     #[arg(long, env = "OUTBOX_PUBLISH_DELAY", hide = true)]
@@ -369,6 +392,7 @@ impl TryFrom<&RunArgs> for DispatcherConfig {
                 dedupe_attribute: p.dedupe_attribute.clone(),
                 connections: usize::from(p.publish_connections),
                 ca_file: p.pubsub_ca_file.clone(),
+                authority: p.pubsub_authority.clone(),
             },
             workers: usize::from(a.workers),
             max_inflight_bytes: a.max_inflight_bytes,
@@ -391,6 +415,11 @@ impl TryFrom<&RunArgs> for DispatcherConfig {
             stall_probe_after: a.stall_probe_after,
             forget_replicas_after: a.forget_replicas_after,
             claim_probe_interval: a.claim_probe_interval,
+            refusals: RefusalSettings {
+                held_probe_interval: a.held_topic_probe_interval,
+                held_max_probe_interval: a.held_topic_max_probe_interval,
+                quota_max_backoff: a.quota_max_backoff,
+            },
             faults: FaultSettings {
                 failure_rate: a.inject_failure_rate,
                 failure_code: a.inject_failure_code,

@@ -49,6 +49,8 @@ pub struct DispatcherConfig {
     /// How often the probe looks for rows the claims' floors skip (at least 10 x its own last
     /// duration).
     pub claim_probe_interval: Duration,
+    /// Topics Pub/Sub refuses as a whole, and quota.
+    pub refusals: RefusalSettings,
     /// Deliberate publish failures (fault injection; off by default).
     pub faults: FaultSettings,
     /// Apply pending migrations at start.
@@ -74,6 +76,7 @@ impl Default for DispatcherConfig {
             stall_probe_after: Duration::from_secs(3),
             forget_replicas_after: Duration::from_secs(600),
             claim_probe_interval: Duration::from_secs(30),
+            refusals: RefusalSettings::default(),
             faults: FaultSettings::default(),
             migrate: false,
         }
@@ -111,6 +114,27 @@ impl DispatcherConfig {
                 "--forget-replicas-after ({:?}) must be at least 1m: a live replica sends a \
                  heartbeat every 5 s, and one delayed by a slow database must not be forgotten",
                 self.forget_replicas_after
+            ));
+        }
+        let r = &self.refusals;
+        if r.held_probe_interval < Duration::from_millis(100)
+            || r.held_max_probe_interval < r.held_probe_interval
+            || r.held_max_probe_interval > Duration::from_secs(600)
+        {
+            return Err(format!(
+                "--held-topic-probe-interval ({:?}) must be at least 100ms, and \
+                 --held-topic-max-probe-interval ({:?}) at least that and at most 10m (a held \
+                 topic's rows go out at most this long after Pub/Sub accepts it again)",
+                r.held_probe_interval, r.held_max_probe_interval
+            ));
+        }
+        if r.quota_max_backoff < crate::pace::MIN_BACKOFF
+            || r.quota_max_backoff > Duration::from_secs(600)
+        {
+            return Err(format!(
+                "--quota-max-backoff ({:?}) must be within {:?}..=10m",
+                r.quota_max_backoff,
+                crate::pace::MIN_BACKOFF
             ));
         }
         if !(1..=1000).contains(&self.batch.batch_size) || self.workers == 0 {
@@ -196,6 +220,9 @@ pub struct PubsubConfig {
     pub connections: usize,
     /// A PEM file of certificate authorities to trust besides the system's (a private endpoint).
     pub ca_file: Option<PathBuf>,
+    /// The `:authority` requests carry, when not the one Google's clients derive from the
+    /// endpoint (`crate::transport::authority`).
+    pub authority: Option<String>,
 }
 
 impl Default for PubsubConfig {
@@ -208,6 +235,7 @@ impl Default for PubsubConfig {
             dedupe_attribute: DEFAULT_DEDUPE_ATTRIBUTE.to_owned(),
             connections: 4,
             ca_file: None,
+            authority: None,
         }
     }
 }
@@ -270,6 +298,29 @@ impl Default for BreakerSettings {
         Self {
             cooldown: Duration::from_millis(250),
             max_cooldown: Duration::from_secs(1),
+        }
+    }
+}
+
+/// What the dispatcher does when Pub/Sub refuses a topic as a whole (`crate::hold`), and how far
+/// quota slows a topic down (`crate::pace`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RefusalSettings {
+    /// The first probe of a held topic comes this long after the refusal; the interval doubles.
+    pub held_probe_interval: Duration,
+    /// The longest interval between two probes of a held topic: its rows go out at most about
+    /// this long after Pub/Sub accepts it again.
+    pub held_max_probe_interval: Duration,
+    /// The longest a topic refused by quota (RESOURCE_EXHAUSTED) waits before it is tried again.
+    pub quota_max_backoff: Duration,
+}
+
+impl Default for RefusalSettings {
+    fn default() -> Self {
+        Self {
+            held_probe_interval: Duration::from_secs(1),
+            held_max_probe_interval: Duration::from_secs(15),
+            quota_max_backoff: Duration::from_secs(10),
         }
     }
 }

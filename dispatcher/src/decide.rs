@@ -12,11 +12,13 @@
 //! dead-lettered.
 
 use std::collections::HashSet;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox_shared::ClaimedMessage;
 use outbox_shared::retry::{RetryDecision, RetrySchedule};
 use outbox_shared::store::dead_letter::{ErrorKind, Failure, REFUSED_LOCALLY};
+use outbox_shared::store::held_topic::Hold;
 use outbox_shared::store::outbox::Retry;
 use outbox_shared::store::settle::Settlement;
 
@@ -35,11 +37,22 @@ pub(crate) enum Attempt {
     Failed(PublishFailure),
 }
 
-/// The ordering policy and the retry schedule a decision applies.
-#[derive(Debug, Clone, Copy)]
+/// The ordering policy, the retry schedule and the quota backoff a decision applies.
+#[derive(Clone, Copy)]
 pub(crate) struct Policy<'a> {
     pub(crate) schedule: &'a RetrySchedule,
     pub(crate) skip_dead_letter_topics: &'a [String],
+    /// How long a topic's rows refused for quota wait (`crate::pace`), before jitter.
+    pub(crate) quota_backoff: &'a (dyn Fn(&str) -> Duration + Sync),
+}
+
+impl std::fmt::Debug for Policy<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Policy")
+            .field("schedule", self.schedule)
+            .field("skip_dead_letter_topics", &self.skip_dead_letter_topics)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Policy<'_> {
@@ -56,6 +69,8 @@ impl Policy<'_> {
 pub(crate) struct Decision {
     /// The database writes (one store call, in the batch transaction).
     pub(crate) settlement: Settlement,
+    /// Rows refused for quota, among the retries (no attempt charged).
+    pub(crate) throttled: usize,
 }
 
 /// Marks, in batch order, the messages that must not be sent: locally `rejected` ones (index set)
@@ -128,6 +143,14 @@ pub(crate) fn decide(
                         paused.insert(k);
                     }
                 }
+                if failure.kind == FailureKind::Throttled {
+                    d.throttled += 1;
+                }
+                if failure.kind == FailureKind::TopicRefused
+                    && !d.settlement.holds.iter().any(|h| h.topic == m.topic)
+                {
+                    d.settlement.holds.push(hold(&m.topic, &failure.message));
+                }
                 settle_failure(&mut d.settlement, m, failure, policy, now, &mut random);
             }
         }
@@ -144,7 +167,21 @@ fn settle_failure(
     random: &mut impl FnMut() -> f64,
 ) {
     match failure.kind {
-        FailureKind::NotAttempted => s.released.push(m.id),
+        FailureKind::NotAttempted | FailureKind::TopicRefused => s.released.push(m.id),
+        FailureKind::Throttled => {
+            // Waits the topic's backoff, between half and all of it, with no attempt charged.
+            let wait = (policy.quota_backoff)(&m.topic).mul_f64(0.5 + random() / 2.0);
+            s.retries.push(Retry {
+                id: m.id,
+                attempts: m.attempts,
+                next_attempt_at: now
+                    + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::zero()),
+                last_error: format!(
+                    "{} (quota: tried again without charging an attempt)",
+                    failure.message
+                ),
+            });
+        }
         FailureKind::Permanent => s.dead_letters.push(Failure {
             id: m.id,
             attempts: m.attempts.saturating_add(1),
@@ -168,15 +205,47 @@ fn settle_failure(
     }
 }
 
+/// A held topic for a refusal whose message is `CODE: what Pub/Sub said` (`crate::classify`).
+fn hold(topic: &str, message: &str) -> Hold {
+    let (code, said) = message.split_once(": ").unwrap_or(("REFUSED", message));
+    Hold {
+        topic: topic.to_owned(),
+        code: code.to_owned(),
+        message: said.to_owned(),
+    }
+}
+
+/// Whether Pub/Sub answered for `topic` in this batch as it does for a topic it accepts: a
+/// message of it was published, or refused for its own fault. (A held topic's probe so answered
+/// releases the topic.)
+pub(crate) fn topic_answered(
+    claimed: &[ClaimedMessage],
+    attempts: &[Attempt],
+    topic: &str,
+) -> bool {
+    claimed.iter().zip(attempts).any(|(m, a)| {
+        let answered = match a {
+            Attempt::Published(_) => true,
+            Attempt::Failed(f) => f.kind == FailureKind::Permanent,
+            _ => false,
+        };
+        m.topic == topic && answered
+    })
+}
+
 /// Whether a batch looks like an outage rather than bad messages: something was sent, nothing was
-/// published, and every failure was transient. Only a failed probe then makes it one.
+/// published, and every failure was transient (any answer of Pub/Sub's, a refusal too, shows it
+/// is reachable). Only a failed probe then makes it one.
 pub(crate) fn may_be_outage(attempts: &[Attempt]) -> bool {
     let mut sent = attempts
         .iter()
         .filter(|a| matches!(a, Attempt::Published(_) | Attempt::Failed(_)))
         .peekable();
     sent.peek().is_some()
-        && sent.all(|a| matches!(a, Attempt::Failed(f) if f.kind != FailureKind::Permanent))
+        && sent.all(|a| {
+            matches!(a, Attempt::Failed(f)
+                if matches!(f.kind, FailureKind::Transient | FailureKind::NotAttempted))
+        })
         && attempts
             .iter()
             .any(|a| matches!(a, Attempt::Failed(f) if f.kind == FailureKind::Transient))

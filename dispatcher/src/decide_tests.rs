@@ -43,12 +43,18 @@ fn schedule() -> RetrySchedule {
     }
 }
 
+/// Topics slowed down by quota wait 4 s before jitter (`T`), 8 s (`SKIP`).
+fn quota_backoff(topic: &str) -> Duration {
+    Duration::from_secs(if topic == T { 4 } else { 8 })
+}
+
 fn policy(schedule: &RetrySchedule) -> Policy<'_> {
     static SKIPS: std::sync::LazyLock<Vec<String>> =
         std::sync::LazyLock::new(|| vec![SKIP.to_owned()]);
     Policy {
         schedule,
         skip_dead_letter_topics: &SKIPS,
+        quota_backoff: &quota_backoff,
     }
 }
 
@@ -60,6 +66,18 @@ fn permanent() -> Attempt {
 }
 fn transient() -> Attempt {
     Attempt::Failed(PublishFailure::transient("UNAVAILABLE: down"))
+}
+fn refused(code: &str) -> Attempt {
+    Attempt::Failed(PublishFailure {
+        kind: FailureKind::TopicRefused,
+        message: format!("{code}: the topic"),
+    })
+}
+fn throttled() -> Attempt {
+    Attempt::Failed(PublishFailure {
+        kind: FailureKind::Throttled,
+        message: "RESOURCE_EXHAUSTED: quota".into(),
+    })
 }
 fn paused() -> Attempt {
     Attempt::Failed(PublishFailure {
@@ -220,6 +238,93 @@ fn an_outage_is_suspected_only_when_everything_sent_failed_transiently() {
     assert!(
         !may_be_outage(&[paused()]),
         "not attempted is not a failure of the broker"
+    );
+    assert!(
+        !may_be_outage(&[transient(), refused("NOT_FOUND")]),
+        "a topic refused is an answer"
+    );
+    assert!(
+        !may_be_outage(&[transient(), throttled()]),
+        "a quota refusal is an answer"
+    );
+}
+
+#[test]
+fn a_topic_refused_as_a_whole_is_held_its_rows_released_untouched_and_its_keys_in_order() {
+    let s = schedule();
+    let other = "projects/p/topics/other";
+    let claimed = vec![
+        msg(1, T, Some("k"), 3),
+        msg(2, T, Some("k"), 0),
+        msg(3, T, None, 7),
+        msg(4, T, None, 0),
+        msg(5, other, Some("k"), 0),
+        msg(6, other, None, 0),
+    ];
+    let attempts = vec![
+        refused("PERMISSION_DENIED"),
+        paused(),
+        refused("PERMISSION_DENIED"),
+        refused("PERMISSION_DENIED"),
+        ok("m5"),
+        ok("m6"),
+    ];
+    assert!(topic_answered(&claimed, &attempts, other));
+    assert!(
+        !topic_answered(&claimed, &attempts, T),
+        "T refused every request"
+    );
+    let d = decide(&claimed, attempts, policy(&s), now(), || 0.5);
+    assert_eq!(
+        outcome(&d),
+        (vec![5, 6], vec![], vec![], vec![1, 2, 3, 4]),
+        "nothing of T is charged, retried or dead-lettered; the other topic is published"
+    );
+    assert_eq!(
+        d.settlement.holds,
+        vec![Hold {
+            topic: T.to_owned(),
+            code: "PERMISSION_DENIED".to_owned(),
+            message: "the topic".to_owned(),
+        }],
+        "T is held once, with the code and what Pub/Sub said"
+    );
+    // Refused with a message's own fault, a probe shows the topic answers.
+    assert!(topic_answered(&claimed[..1], &[permanent()], T));
+}
+
+#[test]
+fn a_quota_refusal_waits_the_topics_backoff_with_jitter_and_charges_no_attempt() {
+    let s = schedule();
+    let claimed = vec![
+        msg(1, T, None, 5),
+        msg(2, T, Some("k"), 2),
+        msg(3, T, Some("k"), 0),
+        msg(4, SKIP, None, 19),
+    ];
+    let attempts = vec![throttled(), throttled(), paused(), throttled()];
+    let d = decide(&claimed, attempts, policy(&s), now(), || 1.0);
+    assert_eq!(
+        outcome(&d),
+        (vec![], vec![1, 2, 4], vec![], vec![3]),
+        "the key waits behind its head, in order"
+    );
+    assert_eq!(d.throttled, 3);
+    let r = &d.settlement.retries;
+    assert_eq!(
+        r.iter().map(|r| r.attempts).collect::<Vec<_>>(),
+        vec![5, 2, 19],
+        "no attempt charged, even one short of the maximum (3): nothing is exhausted by quota"
+    );
+    assert_eq!(r[0].next_attempt_at, now() + chrono::Duration::seconds(4));
+    assert_eq!(r[2].next_attempt_at, now() + chrono::Duration::seconds(8));
+    assert!(r[0].last_error.starts_with("RESOURCE_EXHAUSTED: quota"));
+    assert!(r[0].last_error.contains("without charging an attempt"));
+    let d = decide(&claimed[..1], vec![throttled()], policy(&s), now(), || 0.0);
+    assert_eq!(
+        d.settlement.retries[0].next_attempt_at,
+        now() + chrono::Duration::seconds(2),
+        "jitter takes at most half the backoff"
     );
 }
 

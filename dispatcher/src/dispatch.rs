@@ -12,11 +12,13 @@ use tokio::sync::Semaphore;
 use outbox_shared::store::claim::KeyCursor;
 
 use crate::breaker::Breaker;
-use crate::config::{BatchSettings, DispatcherConfig, Idle};
+use crate::config::{BatchSettings, DispatcherConfig, Idle, RefusalSettings};
 use crate::floors::Floors;
+use crate::hold::Holds;
 use crate::liveness::Heartbeats;
 use crate::log_gate::LogGate;
 use crate::metrics::Metrics;
+use crate::pace::Paces;
 use crate::publisher::Publish;
 use crate::schema::SchemaGate;
 use crate::storm::Storms;
@@ -52,6 +54,14 @@ pub(crate) struct Dispatch<P> {
     pub(crate) storms: Storms,
     /// Lets through at most one ignored-trace-context warning a second (`crate::trace`).
     pub(crate) trace_log: LogGate,
+    /// The topics Pub/Sub refuses as a whole, held (`crate::hold`).
+    pub(crate) holds: Holds,
+    /// The topics slowed down by quota (`crate::pace`).
+    pub(crate) paces: Paces,
+    /// How held topics are probed and how far quota slows a topic down.
+    pub(crate) refusals: RefusalSettings,
+    /// The channel a release of a held topic notifies (`None`: polling only).
+    pub(crate) notify_channel: Option<String>,
 }
 
 impl<P: Publish> Dispatch<P> {
@@ -86,6 +96,10 @@ impl<P: Publish> Dispatch<P> {
             slow_log: LogGate::new(SLOW_LOG_EVERY),
             storms: Storms::default(),
             trace_log: LogGate::new(SLOW_LOG_EVERY),
+            holds: Holds::default(),
+            paces: Paces::new(config.refusals.quota_max_backoff),
+            refusals: config.refusals,
+            notify_channel: config.notify_channel.clone(),
         }
     }
 }
@@ -100,6 +114,15 @@ impl<P> Dispatch<P> {
             counters: &self.in_flight,
             rows,
         }
+    }
+
+    /// The topics this replica's claims leave alone now: held (Pub/Sub refuses them) or slowed
+    /// down by quota. Usually none (no allocation then).
+    pub(crate) fn left_alone(&self) -> Vec<String> {
+        let mut topics = Vec::new();
+        self.holds.held(&mut topics);
+        self.paces.cooling(&mut topics);
+        topics
     }
 
     /// (batches, rows) in flight now.

@@ -13,7 +13,9 @@
 //! - [`publisher`]: the [`publisher::Publish`] seam, and batches as Pub/Sub requests;
 //!   [`transport`]: the gRPC calls on tonic (connections, credentials, headers); `wire`: the
 //!   requests' protobuf encoding.
-//! - [`classify`]: publish failures as transient / permanent / not attempted.
+//! - [`classify`]: publish failures as transient / permanent / topic refused / throttled / not
+//!   attempted, one table of gRPC codes; `hold`: a topic Pub/Sub refuses as a whole is held and
+//!   probed, never dead-lettered; `pace`: quota slows a topic down, charging no attempt.
 //! - [`breaker`]: pauses claiming while Pub/Sub is unreachable; `schema`: while the schema is
 //!   behind this release.
 //! - [`fault`]: fault injection in front of the publisher (`--inject-failure-rate`, tests).
@@ -34,10 +36,12 @@ mod dispatch;
 pub mod error;
 pub mod fault;
 mod floors;
+pub mod hold;
 mod liveness;
 mod log_gate;
 pub mod metrics;
 pub mod ops;
+mod pace;
 pub mod publisher;
 mod schema;
 pub mod service;
@@ -53,4 +57,5 @@ pub use classify::Code;
 pub use cli::{Cli, Command};
 pub use config::DispatcherConfig;
 pub use error::DispatcherError;
+pub use hold::Probe;
 pub use service::{Dispatcher, connect_database};

@@ -21,7 +21,8 @@ pub type Labels = Vec<(&'static str, String)>;
 pub struct Metrics {
     /// Messages published.
     pub published: Counter,
-    /// Failed message publishes, by kind (transient, permanent, limit, not_attempted).
+    /// Failed message publishes, by kind (transient, permanent, topic_refused, throttled, limit,
+    /// not_attempted).
     pub failed: Family<KindLabel, Counter>,
     /// Retries scheduled on rows.
     pub retried: Counter,
@@ -70,6 +71,13 @@ pub struct Metrics {
     pub blocked_keys: Gauge,
     /// The fraction of publishes failed on purpose (`--inject-failure-rate`; 0 in production).
     pub fault_injection_rate: Gauge<f64, AtomicU64>,
+    /// Seconds since Pub/Sub began refusing a held topic, per topic (`crate::hold`); the paging
+    /// alert's input.
+    pub topic_held_seconds: Family<Labels, Gauge<f64, AtomicU64>>,
+    /// Probes of held topics sent by this replica.
+    pub held_topic_probes: Counter,
+    /// The quota backoff of a topic Pub/Sub refuses for quota, per topic (`crate::pace`).
+    pub quota_backoff_seconds: Family<Labels, Gauge<f64, AtomicU64>>,
 }
 
 impl Metrics {
@@ -100,6 +108,9 @@ impl Metrics {
             breaker_open: Gauge::default(),
             blocked_keys: Gauge::default(),
             fault_injection_rate: Gauge::default(),
+            topic_held_seconds: Family::default(),
+            held_topic_probes: Counter::default(),
+            quota_backoff_seconds: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("outbox");
         r.register(
@@ -109,7 +120,7 @@ impl Metrics {
         );
         r.register(
             "publish_failures",
-            "Messages whose publish failed, by kind: transient and not_attempted (each message of a failed request), permanent (each message Pub/Sub refused on its own, found by isolation), limit (refused locally by a limit check)",
+            "Messages whose publish failed, by kind: transient, topic_refused (the topic refused as a whole: held), throttled (quota: no attempt charged) and not_attempted (each message of a failed request), permanent (each message Pub/Sub refused on its own, found by isolation), limit (refused locally by a limit check)",
             m.failed.clone(),
         );
         r.register(
@@ -219,7 +230,14 @@ impl Metrics {
         );
         // Every labelled series exists from the start (at 0), so alerts on increases work from the
         // first failure.
-        for kind in ["transient", "permanent", "limit", "not_attempted"] {
+        for kind in [
+            "transient",
+            "permanent",
+            "topic_refused",
+            "throttled",
+            "limit",
+            "not_attempted",
+        ] {
             m.fail(kind, 0);
         }
         for kind in ["permanent", "exhausted"] {
@@ -229,6 +247,21 @@ impl Metrics {
             "fault_injection_rate",
             "Fraction of publishes this replica fails on purpose (--inject-failure-rate; 0 in production)",
             m.fault_injection_rate.clone(),
+        );
+        r.register(
+            "topic_held_seconds",
+            "Seconds since Pub/Sub began refusing a held topic as a whole (PERMISSION_DENIED, NOT_FOUND, FAILED_PRECONDITION, UNIMPLEMENTED): its rows wait untouched; absent once released",
+            m.topic_held_seconds.clone(),
+        );
+        r.register(
+            "held_topic_probes",
+            "Probes of held topics (a publish of the topic's head message) this replica sent",
+            m.held_topic_probes.clone(),
+        );
+        r.register(
+            "quota_backoff_seconds",
+            "How long this replica leaves a topic alone after Pub/Sub's quota refused it (RESOURCE_EXHAUSTED); absent at full speed",
+            m.quota_backoff_seconds.clone(),
         );
         r.register(
             "blocked_ordering_keys",

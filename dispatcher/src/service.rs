@@ -108,6 +108,15 @@ impl<P: Publish> Dispatcher<P> {
         batch::run_batch(&self.dispatch, now).await
     }
 
+    /// Reads the held topics and probes those due at `now` (what the background task does every
+    /// half second; `crate::hold`): what each probe found.
+    pub async fn probe_held_topics(
+        &self,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<(String, crate::hold::Probe)>, DispatcherError> {
+        crate::hold::probe_due(&self.dispatch, now).await
+    }
+
     /// The metrics in the Prometheus text format, as `/metrics` serves them.
     pub fn encode_metrics(&self) -> String {
         let mut text = String::new();
@@ -237,6 +246,7 @@ fn spawn_background<P: Publish>(
         config.batch.skip_dead_letter_topics.clone(),
         shutdown.clone(),
     ));
+    background.spawn(crate::hold::watch(dispatch.clone(), shutdown.clone()));
     background.spawn(tasks::keep_floors(
         dispatch.clone(),
         config.claim_probe_interval,

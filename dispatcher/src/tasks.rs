@@ -14,7 +14,7 @@ use outbox_runtime::health::{self, Checks, LivenessCheck, ReadinessCheck};
 use outbox_runtime::shutdown::Shutdown;
 use outbox_shared::store::claim::{self, KeyCursor, KeyFloor, SeenHead, probe};
 use outbox_shared::store::replica::{self, Replica};
-use outbox_shared::store::{dead_letter, outbox, pause};
+use outbox_shared::store::{dead_letter, held_topic, outbox, pause};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 
@@ -173,9 +173,13 @@ pub(crate) async fn sample_gauges(
         match pool.begin().await {
             Ok(_) if !schema.is_open() => {}
             Ok(mut conn) => {
-                // The paused topics first: the claimable age leaves their rows out.
-                let paused = sampler.sample_paused(&mut conn).await;
-                sampler.sample_backlog(&mut conn, &paused).await;
+                // The paused and held topics first: the claimable age leaves their rows out.
+                let mut not_claimed = sampler.sample_paused(&mut conn).await;
+                match held_topic::topics(&mut conn).await {
+                    Ok(held) => not_claimed.extend(held),
+                    Err(e) => tracing::warn!(error = %e, "Reading the held topics failed."),
+                }
+                sampler.sample_backlog(&mut conn, &not_claimed).await;
                 sampler.sample_dead_letters(&mut conn).await;
                 sampler.sample_blocked_keys(&mut conn).await;
                 let _ = conn.commit().await;
@@ -235,11 +239,11 @@ impl Gauges {
     }
 
     /// Backlog, oldest due age and claimable age per served topic (a drained topic reads 0).
-    async fn sample_backlog(&mut self, conn: &mut PgConnection, paused: &[String]) {
+    async fn sample_backlog(&mut self, conn: &mut PgConnection, not_claimed: &[String]) {
         let query = outbox::BacklogQuery {
             now: Utc::now(),
             topics: self.topics.as_deref(),
-            paused,
+            not_claimed,
             skip_dead_letter_topics: &self.skip_topics,
             cap: BACKLOG_CAP,
         };
@@ -583,7 +587,8 @@ async fn probe_floors<P: Publish>(d: &Dispatch<P>) -> Result<(u64, u64), outbox_
         // In a claim transaction (its planner settings); the row it finds is locked, then let go.
         let mut tx = d.claim_session.begin(&d.pool).await?;
         let topics = d.settings.topics.as_deref();
-        let below = probe::unkeyed_below(&mut tx, floor, Utc::now(), topics).await?;
+        let left_alone = d.left_alone();
+        let below = probe::unkeyed_below(&mut tx, floor, Utc::now(), topics, &left_alone).await?;
         let _ = tx.rollback().await;
         if let Some(due) = below {
             d.floors.lower_unkeyed(due);

@@ -119,6 +119,36 @@ fn endpoint_uri(args: &PubsubConfig) -> String {
     }
 }
 
+/// The `:authority` requests to `uri` carry when it is not the endpoint's own: `given`, else the
+/// one Google's clients derive (google-cloud-rust's gax-internal `host.rs`). For a
+/// `*.googleapis.com` host that is neither the service's own name (`pubsub.googleapis.com`), a
+/// regional one (`pubsub.REGION.rep.googleapis.com`) nor a locational one
+/// (`REGION-pubsub.googleapis.com`), that is `pubsub.googleapis.com`: `private.googleapis.com`,
+/// `restricted.googleapis.com` (VPC Service Controls) and Private Service Connect names
+/// (`pubsub-ENDPOINT.p.googleapis.com`) route by it. Any other name (an emulator, a proxy of
+/// your own) keeps its own. TLS still verifies (and names, in SNI) the endpoint's host.
+pub fn authority(uri: &str, given: Option<&str>) -> Option<String> {
+    if let Some(given) = given {
+        return Some(given.to_owned());
+    }
+    let host = uri
+        .split_once("://")
+        .map_or(uri, |(_, rest)| rest)
+        .split(['/', ':'])
+        .next()
+        .unwrap_or_default();
+    let prefix = host.strip_suffix(".googleapis.com")?;
+    let own = match prefix.split('.').collect::<Vec<_>>()[..] {
+        ["pubsub"] => true,
+        ["pubsub", _, "rep"] => true,
+        [location] => location
+            .strip_suffix("-pubsub")
+            .is_some_and(|region| !region.is_empty()),
+        _ => false,
+    };
+    (!own).then(|| "pubsub.googleapis.com".to_owned())
+}
+
 impl Transport {
     /// Opens the pool (lazily: connections are made at the first call and remade after a
     /// failure). Errors are configuration errors: a malformed endpoint, an unreadable CA file,
@@ -139,6 +169,14 @@ impl Transport {
             .tcp_keepalive(Some(Duration::from_secs(60)))
             .http2_keep_alive_interval(Duration::from_secs(300))
             .keep_alive_timeout(Duration::from_secs(20));
+        if let Some(authority) = authority(&uri, args.authority.as_deref()) {
+            let origin = http::Uri::try_from(format!("https://{authority}")).map_err(|e| {
+                fail(format!(
+                    "--pubsub-authority {authority:?} is not a host name ({e})"
+                ))
+            })?;
+            endpoint = endpoint.origin(origin);
+        }
         if uri.starts_with("https://") {
             let mut tls = ClientTlsConfig::new().with_native_roots();
             if let Some(path) = &args.ca_file {
@@ -292,6 +330,33 @@ mod tests {
         assert_eq!(endpoint_uri(&c), "https://us-east1-pubsub.googleapis.com");
         c.endpoint = Some("https://psc.example:443/".into());
         assert_eq!(endpoint_uri(&c), "https://psc.example:443");
+    }
+
+    #[test]
+    fn private_and_restricted_vips_and_psc_names_carry_pubsubs_authority_as_googles_clients_do() {
+        let p = Some("pubsub.googleapis.com".to_owned());
+        for (endpoint, want) in [
+            ("https://pubsub.googleapis.com", None),
+            ("https://us-east1-pubsub.googleapis.com", None),
+            ("https://pubsub.me-central2.rep.googleapis.com", None),
+            ("https://private.googleapis.com", p.clone()),
+            ("https://restricted.googleapis.com:443", p.clone()),
+            ("https://pubsub-myendpoint.p.googleapis.com", p.clone()),
+            ("https://-pubsub.googleapis.com", p.clone()),
+            ("https://localhost:8443", None),
+            ("https://pubsub.internal.example.com", None),
+            ("http://127.0.0.1:8085", None),
+        ] {
+            assert_eq!(authority(endpoint, None), want, "{endpoint}");
+        }
+        assert_eq!(
+            authority(
+                "https://pubsub.internal.example.com",
+                Some("pubsub.googleapis.com")
+            ),
+            p,
+            "--pubsub-authority wins"
+        );
     }
 
     #[test]

@@ -13,6 +13,9 @@
 //!   the bound address read back from the log); [`operator`]: the operator commands as on-call
 //!   runs them; [`grpc_recorder`]: every gRPC call to the emulator recorded (headers, decoded
 //!   `Publish` requests), over TLS of a private CA when asked.
+//! - [`front_end`]: Google's front end as a dispatcher on GKE meets it (TLS, ADC with a quota
+//!   project, the metadata server, refusals by topic, GOAWAY), from the recorder and the token
+//!   stand-in.
 //! - [`iap`]: a stand-in for Identity-Aware Proxy (its keys, signed assertions) for the console.
 //! - [`bigquery`]: tables on bqemulator; [`producer`]: the producer's fixtures (the orders table
 //!   and stream, settings, an in-process run, the watermark and outbox reads).
@@ -24,6 +27,7 @@ pub mod detached;
 pub mod dispatcher;
 pub mod env;
 pub mod fixtures;
+pub mod front_end;
 pub mod grpc_recorder;
 pub mod http_faults;
 pub mod iap;

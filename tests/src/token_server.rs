@@ -1,8 +1,11 @@
 //! A stand-in for Google's token endpoints, for the credential tests: the OAuth token endpoint
 //! (`POST …/token`: an `authorized_user` refresh, or the source credentials of an impersonated
 //! service account), the STS token exchange (`POST …/sts`: Workload Identity Federation's
-//! `external_account`) and IAM Credentials' `generateAccessToken` (impersonation). Each answers
-//! with a fixed token naming its kind, in the shape the real endpoint uses, and every request is
+//! `external_account`), IAM Credentials' `generateAccessToken` (impersonation) and the metadata
+//! server's token (`GET /computeMetadata/v1/instance/service-accounts/default/token`, what a GKE
+//! pod's Workload Identity reads through `GCE_METADATA_HOST`), which can answer 503 for a while
+//! as GKE's does at pod start ([`TokenServer::metadata_unavailable_for`]). Each answers with a
+//! fixed token naming its kind, in the shape the real endpoint uses, and every request is
 //! recorded (request line, `Authorization`, body) so a test can check who asked for what.
 
 use std::sync::{Arc, Mutex};
@@ -19,6 +22,8 @@ pub const USER_TOKEN: &str = "stand-in-user-token";
 pub const FEDERATED_TOKEN: &str = "stand-in-federated-token";
 /// The token `generateAccessToken` returns.
 pub const IMPERSONATED_TOKEN: &str = "stand-in-impersonated-token";
+/// The token the metadata server returns.
+pub const METADATA_TOKEN: &str = "stand-in-metadata-token";
 
 /// One request the stand-in answered.
 #[derive(Debug, Clone)]
@@ -37,6 +42,8 @@ pub struct TokenServer {
     base: String,
     requests: Arc<Mutex<Vec<TokenRequest>>>,
     issued: Arc<Mutex<Vec<Issued>>>,
+    /// The metadata server answers 503 until then.
+    metadata_down_until: Arc<Mutex<Option<std::time::Instant>>>,
     accept: AbortHandle,
 }
 
@@ -70,19 +77,40 @@ impl TokenServer {
         let base = format!("http://{}", listener.local_addr().expect("bound address"));
         let requests: Arc<Mutex<Vec<TokenRequest>>> = Arc::default();
         let issued: Arc<Mutex<Vec<Issued>>> = Arc::default();
+        let metadata_down_until: Arc<Mutex<Option<std::time::Instant>>> = Arc::default();
         let seen = requests.clone();
         let handed = issued.clone();
+        let down = metadata_down_until.clone();
         let accept = tokio::spawn(async move {
             while let Ok((mut client, _)) = listener.accept().await {
                 let seen = seen.clone();
                 let handed = handed.clone();
+                let down = down.clone();
                 tokio::spawn(async move {
                     let Ok((head, body)) = read_request(&mut client).await else {
                         return;
                     };
                     let request_line = head.lines().next().unwrap_or_default().to_owned();
                     let path = request_line.split_whitespace().nth(1).unwrap_or_default();
-                    let answer = if path.ends_with(":generateAccessToken") {
+                    let metadata = path.starts_with("/computeMetadata/v1/");
+                    let metadata_down = metadata
+                        && down
+                            .lock()
+                            .ok()
+                            .and_then(|d| *d)
+                            .is_some_and(|until| std::time::Instant::now() < until);
+                    let answer = if metadata_down {
+                        None
+                    } else if metadata {
+                        let flavored = header(&head, "metadata-flavor").as_deref() == Some("Google");
+                        (flavored && path.contains("/service-accounts/default/token")).then(|| {
+                            serde_json::json!({
+                                "access_token": METADATA_TOKEN,
+                                "expires_in": 3599,
+                                "token_type": "Bearer",
+                            })
+                        })
+                    } else if path.ends_with(":generateAccessToken") {
                         let expires = (chrono::Utc::now() + chrono::Duration::hours(1))
                             .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
                         Some(serde_json::json!({"accessToken": IMPERSONATED_TOKEN, "expireTime": expires}))
@@ -128,10 +156,12 @@ impl TokenServer {
                     }
                     let (status, body) = match answer {
                         Some(json) => ("200 OK", json.to_string()),
+                        None if metadata_down => ("503 Service Unavailable", "{}".to_owned()),
                         None => ("404 Not Found", "{}".to_owned()),
                     };
+                    let flavor = if metadata { "Metadata-Flavor: Google\r\n" } else { "" };
                     let response = format!(
-                        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\n{flavor}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
                         body.len()
                     );
                     let _ = client.write_all(response.as_bytes()).await;
@@ -144,8 +174,22 @@ impl TokenServer {
             base,
             requests,
             issued,
+            metadata_down_until,
             accept,
         }
+    }
+
+    /// The metadata server answers 503 for `lasting` from now (as GKE's may at pod start), then
+    /// tokens.
+    pub fn metadata_unavailable_for(&self, lasting: std::time::Duration) {
+        if let Ok(mut d) = self.metadata_down_until.lock() {
+            *d = Some(std::time::Instant::now() + lasting);
+        }
+    }
+
+    /// `host:port`, what `GCE_METADATA_HOST` takes.
+    pub fn host(&self) -> &str {
+        self.base.trim_start_matches("http://")
     }
 
     /// `http://127.0.0.1:<port><path>`.

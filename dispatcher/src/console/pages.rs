@@ -128,6 +128,7 @@ pub async fn overview(State(c): State<Arc<Console>>, Who(who): Who) -> Response 
     );
     body.push_str(&warnings_section(&status));
     body.push_str(&c.topics_section(&status, &who));
+    body.push_str(&held_section(&status));
     body.push_str(&super::blocked::section(&status));
     body.push_str(&replicas_section(&status));
     body.push_str(&streams_section(&status));
@@ -184,12 +185,13 @@ impl Console {
                 "Waiting",
                 "Oldest due",
                 "Oldest claimable",
-                "Dead (perm/exh/rej)",
+                "Dead (perm/exh/rej/canc)",
                 "Paused",
             ],
             |t| {
                 let name = text(t, "topic");
                 let paused = t.get("paused").and_then(Value::as_bool).unwrap_or(false);
+                let refused = t.get("refused").and_then(Value::as_bool).unwrap_or(false);
                 vec![
                     esc(&name),
                     text(t, "due_now"),
@@ -205,16 +207,20 @@ impl Console {
                         .filter(|_| t.get("due_now").and_then(Value::as_i64).unwrap_or(0) > 0)
                         .map_or("-".to_owned(), |a| age(*a)),
                     format!(
-                        "<a href=\"/dead-letters?topic={}\">{}/{}/{}</a>",
+                        "<a href=\"/dead-letters?topic={}\">{}/{}/{}/{}</a>",
                         url(&name),
                         text(t, "dead_permanent"),
                         text(t, "dead_exhausted"),
-                        text(t, "dead_rejected")
+                        text(t, "dead_rejected"),
+                        text(t, "dead_cancelled")
                     ),
-                    if paused {
-                        format!("paused {}", self.topic_action(who, "resume", &name))
-                    } else {
-                        self.topic_action(who, "pause", &name)
+                    match (paused, refused) {
+                        (true, _) => format!("paused {}", self.topic_action(who, "resume", &name)),
+                        (false, true) => format!(
+                            "<a href=\"#held\">held: Pub/Sub refuses it</a> {}",
+                            self.topic_action(who, "pause", &name)
+                        ),
+                        (false, false) => self.topic_action(who, "pause", &name),
                     },
                 ]
             },
@@ -257,6 +263,44 @@ impl Console {
         body.push_str("</div>");
         body
     }
+}
+
+/// The topics Pub/Sub refuses as a whole: held, released by themselves once a probe is accepted.
+fn held_section(status: &Value) -> String {
+    if list(status, "held_topics").is_empty() {
+        return String::new();
+    }
+    let mut body = section(
+        status,
+        "held_topics",
+        ("Held topics: Pub/Sub refuses them", "held"),
+        &[
+            "Topic",
+            "Code",
+            "Pub/Sub said",
+            "Held since",
+            "Waiting",
+            "Refusals",
+            "Next probe",
+        ],
+        |h| {
+            vec![
+                esc(&text(h, "topic")),
+                esc(&text(h, "code")),
+                esc(&text(h, "message")),
+                esc(&text(h, "held_since")),
+                text(h, "waiting"),
+                text(h, "refusals"),
+                esc(&text(h, "next_probe_at")),
+            ]
+        },
+    );
+    body.push_str(
+        "<p>Their messages wait untouched: no attempt is charged, nothing is dead-lettered, every \
+         key keeps its order. A probe (a publish of the topic's head message) releases a topic \
+         by itself once Pub/Sub accepts it. The runbook: docs/operating.md, \"A topic is held\".</p>",
+    );
+    body
 }
 
 /// A titled table of `status`'s array `key`, a row per entry.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox_runtime::shutdown::Shutdown;
-use outbox_shared::store::{dead_letter, outbox, pause, replica};
+use outbox_shared::store::{dead_letter, held_topic, outbox, pause, replica};
 use sqlx::PgPool;
 
 use super::svg::Series;
@@ -188,17 +188,18 @@ async fn sample_once(
             source,
         })?;
     let (now, replicas) = replica::list(&mut conn).await?;
-    let paused: Vec<String> = pause::list(&mut conn)
+    let mut not_claimed: Vec<String> = pause::list(&mut conn)
         .await?
         .into_iter()
         .map(|p| p.topic)
         .collect();
+    not_claimed.extend(held_topic::topics(&mut conn).await?);
     let backlog = outbox::backlog_by_topic(
         &mut conn,
         &outbox::BacklogQuery {
             now,
             topics: None,
-            paused: &paused,
+            not_claimed: &not_claimed,
             skip_dead_letter_topics: skip,
             cap: BACKLOG_CAP,
         },

@@ -7,7 +7,8 @@ use chrono::{DateTime, Utc};
 use outbox_runtime::operator::{Command, Common, Exit, OpsError, Output};
 use outbox_runtime::table::{Table, duration, instant};
 use outbox_shared::store::status::{
-    BlockedKey, BlockedQuery, BlockedTopic, LongTransaction, StreamState, TableHealth, TopicState,
+    BlockedKey, BlockedQuery, BlockedTopic, HeldTopicState, LongTransaction, StreamState,
+    TableHealth, TopicState,
 };
 use outbox_shared::store::{pause, replica, status};
 use serde::Serialize;
@@ -53,6 +54,9 @@ pub struct Status {
     pub now: DateTime<Utc>,
     pub topics: Vec<TopicState>,
     pub paused: Vec<pause::PausedTopic>,
+    /// Topics Pub/Sub refuses as a whole, held: the code, its message, since when, the rows
+    /// waiting, the next probe.
+    pub held_topics: Vec<HeldTopicState>,
     /// The first `--blocked-keys` blocked keys, by topic and key (`blocked_topics` counts all).
     pub blocked_keys: Vec<BlockedKey>,
     /// Per topic: how many keys are blocked, how many messages wait behind them.
@@ -108,6 +112,7 @@ async fn read(args: &Settings, pool: &PgPool) -> Result<Status, OpsError> {
     let (now, replicas) = replica::list(&mut conn).await?;
     let topics = status::topics(&mut conn, now, &args.skip_dead_letter_topics).await?;
     let paused = pause::list(&mut conn).await?;
+    let held_topics = status::held_topics(&mut conn).await?;
     let blocked_keys = status::blocked_keys(
         &mut conn,
         &BlockedQuery {
@@ -149,6 +154,7 @@ async fn read(args: &Settings, pool: &PgPool) -> Result<Status, OpsError> {
         now,
         topics,
         paused,
+        held_topics,
         blocked_keys,
         blocked_topics,
         streams,
@@ -202,6 +208,24 @@ fn seconds(d: chrono::Duration) -> f64 {
 
 fn warnings(s: &Status, args: &Settings) -> Vec<String> {
     let mut w = Vec::new();
+    for h in &s.held_topics {
+        let held = &h.hold;
+        w.push(format!(
+            "{} is held: Pub/Sub refuses it as a whole with {} ({}) since {} ({} ago, {} \
+             refusal(s)); its {} message(s) wait untouched (nothing charged or dead-lettered) \
+             and it is released by itself when a probe (next at {}) is accepted. Runbook: \"A \
+             topic is held\" (a grant still propagating, a topic not created yet, a disabled CMEK \
+             key, a proxy's route)",
+            held.topic,
+            held.code,
+            held.message,
+            instant(held.held_since),
+            duration(seconds(s.now - held.held_since)),
+            held.refusals,
+            h.waiting,
+            instant(held.next_probe_at)
+        ));
+    }
     for t in &s.blocked_topics {
         w.push(blocked_warning(t, &s.blocked_keys));
     }
@@ -279,7 +303,7 @@ fn warnings(s: &Status, args: &Settings) -> Vec<String> {
 /// The tables people read.
 fn render(s: &Status) -> String {
     let mut out = topics_table(s);
-    for table in [streams_table(s), replicas_table(s)] {
+    for table in [held_table(s), streams_table(s), replicas_table(s)] {
         if !table.is_empty() {
             out.push('\n');
             out.push_str(&table.render());
@@ -311,7 +335,7 @@ fn topics_table(s: &Status) -> String {
         "WAITING",
         "NEXT DUE",
         "OLDEST DUE AGE",
-        "DEAD (perm/exh/rej)",
+        "DEAD (perm/exh/rej/canc)",
         "PAUSED",
     ]);
     for topic in &s.topics {
@@ -323,10 +347,18 @@ fn topics_table(s: &Status) -> String {
             topic.next_due_at.map_or("-".to_owned(), instant),
             duration(topic.oldest_due_age_seconds),
             format!(
-                "{}/{}/{}",
-                topic.dead_permanent, topic.dead_exhausted, topic.dead_rejected
+                "{}/{}/{}/{}",
+                topic.dead_permanent,
+                topic.dead_exhausted,
+                topic.dead_rejected,
+                topic.dead_cancelled
             ),
-            if topic.paused { "yes" } else { "no" }.to_owned(),
+            match (topic.paused, topic.refused) {
+                (true, _) => "yes",
+                (false, true) => "held",
+                (false, false) => "no",
+            }
+            .to_owned(),
         ]);
     }
     if t.is_empty() {
@@ -334,6 +366,31 @@ fn topics_table(s: &Status) -> String {
     } else {
         t.render()
     }
+}
+
+/// Per held topic: the code, since when, the rows waiting, the next probe.
+fn held_table(s: &Status) -> Table {
+    let mut held = Table::new(&[
+        "HELD TOPIC",
+        "CODE",
+        "SINCE",
+        "WAITING",
+        "REFUSALS",
+        "NEXT PROBE",
+        "PUB/SUB SAID",
+    ]);
+    for h in &s.held_topics {
+        held.row(vec![
+            h.hold.topic.clone(),
+            h.hold.code.clone(),
+            instant(h.hold.held_since),
+            h.waiting.to_string(),
+            h.hold.refusals.to_string(),
+            instant(h.hold.next_probe_at),
+            outbox_runtime::table::printable(&h.hold.message.chars().take(80).collect::<String>()),
+        ]);
+    }
+    held
 }
 
 /// Per producer stream: watermark, lag, last run.

@@ -50,21 +50,22 @@ pub struct Failure {
     pub error: String,
 }
 
-/// Moves outbox rows to the dead-letter table (delete + insert in one statement).
+/// Moves outbox rows to the dead-letter table (delete + insert in one statement). Returns each
+/// moved row's (outbox id, dead letter id): the id operators give `dead-letters show`.
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn move_from_outbox(
     conn: &mut PgConnection,
     failures: &[Failure],
     now: DateTime<Utc>,
-) -> Result<u64> {
+) -> Result<Vec<(i64, i64)>> {
     if failures.is_empty() {
-        return Ok(0);
+        return Ok(Vec::new());
     }
     let ids: Vec<i64> = failures.iter().map(|f| f.id).collect();
     let attempts: Vec<i32> = failures.iter().map(|f| f.attempts).collect();
     let kinds: Vec<&str> = failures.iter().map(|f| f.kind.as_str()).collect();
     let errors: Vec<&str> = failures.iter().map(|f| f.error.as_str()).collect();
-    let r = sqlx::query(
+    let r: Vec<(i64, i64)> = sqlx::query_as(
         "WITH f AS (
              SELECT * FROM UNNEST($1::bigint[], $2::int[], $3::text[], $4::text[]) AS f(id, attempts, kind, err)
          ), moved AS (
@@ -84,7 +85,8 @@ pub async fn move_from_outbox(
              last_error = EXCLUDED.last_error, payload = EXCLUDED.payload,
              attributes = EXCLUDED.attributes, topic = EXCLUDED.topic,
              ordering_key = EXCLUDED.ordering_key, traceparent = EXCLUDED.traceparent,
-             tracestate = EXCLUDED.tracestate",
+             tracestate = EXCLUDED.tracestate
+         RETURNING outbox_id, id",
     )
     .persistent(crate::store::named_statements())
     .bind(&ids)
@@ -92,10 +94,10 @@ pub async fn move_from_outbox(
     .bind(&kinds)
     .bind(&errors)
     .bind(now)
-    .execute(&mut *conn)
+    .fetch_all(&mut *conn)
     .await
     .context("moving rows from pubsub_outbox to pubsub_outbox_dead_letter")?;
-    Ok(r.rows_affected())
+    Ok(r)
 }
 
 /// A message the producer refused before enqueue, with the reason.
@@ -411,7 +413,8 @@ pub async fn blocked_keys(
     sqlx::query_scalar(
         "SELECT count(*) FROM (
              SELECT DISTINCT topic, ordering_key FROM pubsub_outbox_dead_letter
-             WHERE ordering_key IS NOT NULL AND NOT (topic = ANY($1))
+             WHERE ordering_key IS NOT NULL AND error_kind <> 'cancelled'
+               AND NOT (topic = ANY($1))
                AND ($2::text[] IS NULL OR topic = ANY($2))) k",
     )
     .persistent(crate::store::named_statements())

@@ -7,6 +7,7 @@
 pub mod audit;
 pub mod claim;
 pub mod dead_letter;
+pub mod held_topic;
 pub mod lookback;
 pub mod notify;
 pub mod outbox;

@@ -315,8 +315,9 @@ pub struct BacklogQuery<'a> {
     pub now: DateTime<Utc>,
     /// Only these topics (None: every topic).
     pub topics: Option<&'a [String]>,
-    /// Paused topics: their rows wait by the operator's intent, and are not claimable.
-    pub paused: &'a [String],
+    /// Topics no claim takes now: paused by an operator, or held because Pub/Sub refuses them.
+    /// Their rows wait by intent, and are not claimable.
+    pub not_claimed: &'a [String],
     /// Topics whose keys skip dead letters (their keyed rows are never blocked).
     pub skip_dead_letter_topics: &'a [String],
     /// Read at most this many unpublished rows.
@@ -324,26 +325,40 @@ pub struct BacklogQuery<'a> {
 }
 
 /// Backlog per topic (only `q.topics` when given), reading at most `q.cap` unpublished rows.
+/// The claimable age counts a keyed row only when its key's head (its lowest unpublished id) is
+/// due: rows behind a head waiting for its retry are not work a dispatcher could do.
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn backlog_by_topic(
     conn: &mut PgConnection,
     q: &BacklogQuery<'_>,
 ) -> Result<Vec<TopicBacklog>> {
     // A row is held back by a dead letter of its key placed before it (`stop`: the key's first
-    // dead-letter position, none: all of it). The stops come from one pass over the dead letters
-    // (few rows), hash-joined, not a probe per outbox row.
+    // blocking position, none: all of it; a cancelled one blocks nothing). The stops come from
+    // one pass over the dead letters (few rows), hash-joined, not a probe per outbox row; the
+    // heads from one aggregate over the rows read, joined back for their due time.
     let rows: Vec<(String, i64, Option<f64>, Option<f64>)> = sqlx::query_as(
-        "SELECT s.topic, count(*),
+        "WITH s AS MATERIALIZED (
+             SELECT id, topic, ordering_key, created_at, next_attempt_at FROM pubsub_outbox
+             WHERE published_at IS NULL AND ($2::text[] IS NULL OR topic = ANY($2))
+             LIMIT $3
+         ), heads AS (
+             SELECT k.topic, k.ordering_key, h.next_attempt_at AS head_due
+             FROM (SELECT topic, ordering_key, min(id) AS head FROM s
+                   WHERE ordering_key IS NOT NULL GROUP BY topic, ordering_key) k
+             JOIN s h ON h.id = k.head
+         )
+         SELECT s.topic, count(*),
                 EXTRACT(EPOCH FROM ($1 - min(s.created_at) FILTER (WHERE s.next_attempt_at <= $1)))::float8,
                 EXTRACT(EPOCH FROM ($1 - min(s.created_at) FILTER (
                     WHERE s.next_attempt_at <= $1 AND NOT (s.topic = ANY($4))
-                      AND (s.ordering_key IS NULL OR s.topic = ANY($5)
-                           OR b.stop IS NULL OR s.id < b.stop))))::float8
-         FROM (SELECT id, topic, ordering_key, created_at, next_attempt_at FROM pubsub_outbox
-               WHERE published_at IS NULL AND ($2::text[] IS NULL OR topic = ANY($2))
-               LIMIT $3) s
+                      AND (s.ordering_key IS NULL
+                           OR (hd.head_due <= $1
+                               AND (s.topic = ANY($5) OR b.stop IS NULL OR s.id < b.stop))))))::float8
+         FROM s
+         LEFT JOIN heads hd ON hd.topic = s.topic AND hd.ordering_key = s.ordering_key
          LEFT JOIN (SELECT d.topic, d.ordering_key, min(COALESCE(d.outbox_id, 0)) AS stop
-                    FROM pubsub_outbox_dead_letter d WHERE d.ordering_key IS NOT NULL
+                    FROM pubsub_outbox_dead_letter d
+                    WHERE d.ordering_key IS NOT NULL AND d.error_kind <> 'cancelled'
                     GROUP BY d.topic, d.ordering_key) b
                 ON b.topic = s.topic AND b.ordering_key = s.ordering_key
          GROUP BY s.topic",
@@ -352,7 +367,7 @@ pub async fn backlog_by_topic(
     .bind(q.now)
     .bind(q.topics)
     .bind(q.cap)
-    .bind(q.paused)
+    .bind(q.not_claimed)
     .bind(q.skip_dead_letter_topics)
     .fetch_all(&mut *conn)
     .await

@@ -15,14 +15,16 @@ use crate::error::{DbContext, Result};
 pub struct TopicState {
     /// Full topic name.
     pub topic: String,
-    /// Unpublished rows due now that a claim can take (not paused, not behind a dead letter).
+    /// Unpublished rows a claim can take now: due, and (keyed) every earlier row of the key due
+    /// too; the topic neither paused nor held, the key not behind a dead letter.
     pub due_now: i64,
-    /// Unpublished rows due now that no claim takes: the topic is paused, or the row's ordering
-    /// key is blocked by a dead letter (see [`blocked_keys`]).
+    /// Unpublished rows due now that no claim takes: the topic is paused, or held because Pub/Sub
+    /// refuses it, or the row's ordering key is blocked by a dead letter (see [`blocked_keys`]).
     pub held: i64,
-    /// Unpublished rows waiting for a retry (or a later due time).
+    /// Unpublished rows waiting for a retry, or (keyed) behind an earlier row of their key that
+    /// waits for one.
     pub waiting: i64,
-    /// When the next waiting row becomes due.
+    /// When the next waiting row can go (for a keyed row: when its key's waiting head is tried).
     pub next_due_at: Option<DateTime<Utc>>,
     /// Seconds since the oldest due row was enqueued (0: none due).
     pub oldest_due_age_seconds: f64,
@@ -32,14 +34,20 @@ pub struct TopicState {
     pub dead_exhausted: i64,
     /// Dead letters, rejected by the producer.
     pub dead_rejected: i64,
+    /// Dead letters cancelled by an operator (they block nothing).
+    pub dead_cancelled: i64,
     /// Dead letters that failed in the last 15 minutes.
     pub dead_recent: i64,
     /// Whether the topic is paused.
     pub paused: bool,
+    /// Whether Pub/Sub refuses the topic as a whole: held (see [`held_topics`]).
+    pub refused: bool,
 }
 
-/// Every topic that has unpublished rows, dead letters or a pause. `skip_topics`: the topics
-/// whose keys skip dead letters (their rows are never held behind one).
+/// Every topic that has unpublished rows, dead letters, a pause or a hold. `skip_topics`: the
+/// topics whose keys skip dead letters (their rows are never held behind one). A keyed row can go
+/// only when every earlier row of its key can (`due_at`, the running latest due time along the
+/// key): rows behind a head waiting for its retry wait too, until the head is tried.
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn topics(
     conn: &mut PgConnection,
@@ -48,46 +56,57 @@ pub async fn topics(
 ) -> Result<Vec<TopicState>> {
     sqlx::query_as(
         "WITH r AS (
-             SELECT o.topic, o.next_attempt_at, o.created_at,
+             SELECT o.topic, o.created_at,
+                    CASE WHEN o.ordering_key IS NULL THEN o.next_attempt_at
+                         ELSE max(o.next_attempt_at) OVER (
+                             PARTITION BY o.topic, o.ordering_key ORDER BY o.id) END AS due_at,
                     o.ordering_key IS NOT NULL AND NOT (o.topic = ANY($2)) AND EXISTS (
                         SELECT 1 FROM pubsub_outbox_dead_letter d
                         WHERE d.topic = o.topic AND d.ordering_key = o.ordering_key
+                          AND d.error_kind <> 'cancelled'
                           AND COALESCE(d.outbox_id, 0) < o.id) AS blocked
              FROM pubsub_outbox o WHERE o.published_at IS NULL
          ), q AS (
              SELECT topic,
-                    count(*) FILTER (WHERE next_attempt_at <= $1 AND NOT blocked) AS due_free,
-                    count(*) FILTER (WHERE next_attempt_at <= $1 AND blocked) AS due_blocked,
-                    count(*) FILTER (WHERE next_attempt_at > $1) AS waiting,
-                    min(next_attempt_at) FILTER (WHERE next_attempt_at > $1) AS next_due_at,
-                    min(created_at) FILTER (WHERE next_attempt_at <= $1) AS oldest_due
+                    count(*) FILTER (WHERE due_at <= $1 AND NOT blocked) AS due_free,
+                    count(*) FILTER (WHERE due_at <= $1 AND blocked) AS due_blocked,
+                    count(*) FILTER (WHERE due_at > $1) AS waiting,
+                    min(due_at) FILTER (WHERE due_at > $1) AS next_due_at,
+                    min(created_at) FILTER (WHERE due_at <= $1) AS oldest_due
              FROM r GROUP BY topic
          ), d AS (
              SELECT topic,
                     count(*) FILTER (WHERE error_kind = 'permanent') AS dead_permanent,
                     count(*) FILTER (WHERE error_kind = 'exhausted') AS dead_exhausted,
                     count(*) FILTER (WHERE error_kind = 'rejected') AS dead_rejected,
-                    count(*) FILTER (WHERE failed_at > $1 - interval '15 minutes') AS dead_recent
+                    count(*) FILTER (WHERE error_kind = 'cancelled') AS dead_cancelled,
+                    count(*) FILTER (WHERE failed_at > $1 - interval '15 minutes'
+                                       AND error_kind <> 'cancelled') AS dead_recent
              FROM pubsub_outbox_dead_letter GROUP BY topic
          ), t AS (
              SELECT topic FROM q UNION SELECT topic FROM d
              UNION SELECT topic FROM pubsub_outbox_paused_topic
+             UNION SELECT topic FROM pubsub_outbox_held_topic
          ), s AS (
              SELECT t.topic, q.due_free, q.due_blocked, q.waiting, q.next_due_at, q.oldest_due,
-                    d.dead_permanent, d.dead_exhausted, d.dead_rejected, d.dead_recent,
-                    EXISTS (SELECT 1 FROM pubsub_outbox_paused_topic p WHERE p.topic = t.topic) AS paused
+                    d.dead_permanent, d.dead_exhausted, d.dead_rejected, d.dead_cancelled,
+                    d.dead_recent,
+                    EXISTS (SELECT 1 FROM pubsub_outbox_paused_topic p WHERE p.topic = t.topic) AS paused,
+                    EXISTS (SELECT 1 FROM pubsub_outbox_held_topic h WHERE h.topic = t.topic) AS refused
              FROM t LEFT JOIN q USING (topic) LEFT JOIN d USING (topic)
          )
          SELECT s.topic,
-                CASE WHEN s.paused THEN 0 ELSE COALESCE(s.due_free, 0) END AS due_now,
-                COALESCE(s.due_blocked, 0) + CASE WHEN s.paused THEN COALESCE(s.due_free, 0) ELSE 0 END AS held,
+                CASE WHEN s.paused OR s.refused THEN 0 ELSE COALESCE(s.due_free, 0) END AS due_now,
+                COALESCE(s.due_blocked, 0)
+                    + CASE WHEN s.paused OR s.refused THEN COALESCE(s.due_free, 0) ELSE 0 END AS held,
                 COALESCE(s.waiting, 0) AS waiting, s.next_due_at,
                 COALESCE(EXTRACT(EPOCH FROM ($1 - s.oldest_due))::float8, 0) AS oldest_due_age_seconds,
                 COALESCE(s.dead_permanent, 0) AS dead_permanent,
                 COALESCE(s.dead_exhausted, 0) AS dead_exhausted,
                 COALESCE(s.dead_rejected, 0) AS dead_rejected,
+                COALESCE(s.dead_cancelled, 0) AS dead_cancelled,
                 COALESCE(s.dead_recent, 0) AS dead_recent,
-                s.paused
+                s.paused, s.refused
          FROM s ORDER BY s.topic",
     )
     .persistent(crate::store::named_statements())
@@ -96,6 +115,33 @@ pub async fn topics(
     .fetch_all(&mut *conn)
     .await
     .context("reading the per-topic queue state")
+}
+
+/// A held topic (Pub/Sub refuses it as a whole) with the rows that wait for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct HeldTopicState {
+    /// The hold.
+    #[serde(flatten)]
+    #[sqlx(flatten)]
+    pub hold: crate::store::held_topic::HeldTopic,
+    /// Unpublished rows of the topic.
+    pub waiting: i64,
+}
+
+/// Every held topic, oldest hold first, with the rows that wait.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn held_topics(conn: &mut PgConnection) -> Result<Vec<HeldTopicState>> {
+    sqlx::query_as(
+        "SELECT h.topic, h.code, h.message, h.held_since, h.last_refused_at, h.refusals, h.probes,
+                h.next_probe_at,
+                (SELECT count(*) FROM pubsub_outbox o
+                 WHERE o.topic = h.topic AND o.published_at IS NULL) AS waiting
+         FROM pubsub_outbox_held_topic h ORDER BY h.held_since, h.topic",
+    )
+    .persistent(crate::store::named_statements())
+    .fetch_all(&mut *conn)
+    .await
+    .context("reading the held topics")
 }
 
 /// An ordering key held back by a dead letter.
@@ -144,7 +190,7 @@ const BLOCKED_KEYS: &str = "SELECT d.topic, d.ordering_key, min(d.id) AS dead_le
            AND o.published_at IS NULL
            AND o.id > min(COALESCE(d.outbox_id, 0))) AS waiting
  FROM pubsub_outbox_dead_letter d
- WHERE d.ordering_key IS NOT NULL AND NOT (d.topic = ANY($1))";
+ WHERE d.ordering_key IS NOT NULL AND d.error_kind <> 'cancelled' AND NOT (d.topic = ANY($1))";
 
 /// A page of the keys with a dead letter ([`BlockedQuery`]).
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]

@@ -19,7 +19,7 @@ async fn backlog(db: &TestDb, paused: &[String], skip: &[String]) -> Vec<TopicBa
         &BacklogQuery {
             now: Utc::now(),
             topics: None,
-            paused,
+            not_claimed: paused,
             skip_dead_letter_topics: skip,
             cap: 1_000_000,
         },

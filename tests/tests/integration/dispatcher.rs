@@ -123,6 +123,7 @@ async fn concurrent_claims_never_overlap() {
             now: Utc::now(),
             limit: 100,
             topics: None,
+            excluded: &[],
         };
         let claimed = claim::claim_batch(&mut tx, &filter, None, 0)
             .await
@@ -265,7 +266,7 @@ async fn transient_failures_advance_attempts_on_schedule_then_dead_letter_with_t
 }
 
 #[tokio::test]
-async fn permanent_failures_are_dead_lettered_with_the_reason_and_the_rest_of_the_batch_is_published()
+async fn permanent_failures_are_dead_lettered_with_the_reason_a_missing_topic_held_and_the_rest_published()
  {
     let db = TestDb::new().await;
     let topic = TestTopic::new(false).await;
@@ -295,7 +296,12 @@ async fn permanent_failures_are_dead_lettered_with_the_reason_and_the_rest_of_th
     let BatchOutcome::Settled(s) = outcome else {
         panic!("expected a settled batch, got {outcome:?}")
     };
-    assert_eq!((s.published, s.dead_lettered, s.retried), (3, 3, 0));
+    assert_eq!((s.published, s.dead_lettered, s.retried), (3, 2, 0));
+    assert_eq!(
+        (s.released, s.topic_refused),
+        (1, 1),
+        "the missing topic's row goes back untouched: the topic is refused, not the message"
+    );
 
     let dead = dead_letter::list(&mut db.pool.acquire().await.expect("conn"), None, 10)
         .await
@@ -309,11 +315,7 @@ async fn permanent_failures_are_dead_lettered_with_the_reason_and_the_rest_of_th
             )
         })
         .collect();
-    assert_eq!(reasons.len(), 3, "three dead letters: {reasons:?}");
-    assert!(
-        reasons["unknown-topic"].1.starts_with("NOT_FOUND"),
-        "{reasons:?}"
-    );
+    assert_eq!(reasons.len(), 2, "two dead letters: {reasons:?}");
     assert!(
         reasons["oversize"]
             .1
@@ -328,7 +330,18 @@ async fn permanent_failures_are_dead_lettered_with_the_reason_and_the_rest_of_th
         reasons.values().all(|(kind, _)| *kind == "permanent"),
         "{reasons:?}"
     );
-    assert_eq!(outbox_rows(&db.pool).await, 0);
+    let held: Vec<(String, String, i32)> = sqlx::query_as(
+        "SELECT h.code, o.dedupe_key, o.attempts FROM pubsub_outbox_held_topic h
+         JOIN pubsub_outbox o ON o.topic = h.topic",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("read the hold");
+    assert_eq!(
+        held,
+        vec![("NOT_FOUND".to_owned(), "unknown-topic".to_owned(), 0)],
+        "the missing topic is held with its row, no attempt charged"
+    );
     let got = topic.pull(3, Duration::from_secs(5)).await;
     let mut keys: Vec<&str> = got.iter().map(Received::dedupe_key).collect();
     keys.sort_unstable();

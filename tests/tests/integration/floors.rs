@@ -81,6 +81,7 @@ async fn ordered_claim_cost(db: &TestDb, floor: &KeyFloor) -> i64 {
             now: Utc::now(),
             limit: (KEYS * 5) as i64,
             topics: None,
+            excluded: &[],
         },
         scan_limit: 10_000,
         skip_dead_letter_topics: &[],
@@ -107,6 +108,7 @@ async fn unkeyed_cost(db: &TestDb, floor: Option<chrono::DateTime<Utc>>) -> (Vec
         now: Utc::now(),
         limit: 500,
         topics: None,
+        excluded: &[],
     };
     let batch = claim::claim_batch(&mut tx, &filter, floor, 0)
         .await

@@ -21,6 +21,7 @@ mod producer;
 mod producer_ops;
 mod producer_pages;
 mod recovery;
+mod refusals;
 mod schema;
 mod services;
 mod sidecar;

@@ -54,6 +54,7 @@ async fn ordered_claim_cost(db: &TestDb, planned: bool) -> (i64, usize) {
             now: Utc::now(),
             limit: 500,
             topics: None,
+            excluded: &[],
         },
         scan_limit: 1_000,
         skip_dead_letter_topics: &[],

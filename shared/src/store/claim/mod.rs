@@ -119,6 +119,9 @@ pub struct ClaimFilter<'a> {
     pub limit: i64,
     /// Only these full topic names (None: every topic).
     pub topics: Option<&'a [String]>,
+    /// Not these: the topics this replica leaves alone now (held because Pub/Sub refuses them,
+    /// or slowed down by quota). Usually empty.
+    pub excluded: &'a [String],
 }
 
 // Paused topics (see [`super::pause`]) are skipped by reading the pause table in the claim
@@ -173,6 +176,7 @@ pub async fn claim_batch(
                                                     THEN $4::timestamptz END, '-infinity')
                AND ($3::text[] IS NULL OR topic = ANY($3))
                AND NOT (topic = ANY(ARRAY(SELECT p.topic FROM pubsub_outbox_paused_topic p)))
+               AND NOT (topic = ANY($6))
              ORDER BY next_attempt_at, id
              LIMIT $2
              FOR UPDATE SKIP LOCKED)
@@ -188,6 +192,7 @@ pub async fn claim_batch(
     .bind(filter.topics)
     .bind(floor)
     .bind(epoch)
+    .bind(filter.excluded)
     .fetch_all(&mut *conn)
     .await
     .context("claiming due rows from pubsub_outbox")?;

@@ -196,6 +196,7 @@ pub async fn walk_keys(
             now: Utc::now(),
             limit: 1,
             topics: None,
+            excluded: &[],
         },
         scan_limit,
         skip_dead_letter_topics: &[],
@@ -228,6 +229,7 @@ async fn walk(
         .bind(&floor.heads)
         .bind(floor.epoch)
         .bind(floor.floor)
+        .bind(f.excluded)
         .fetch_all(&mut *conn)
         .await
         .context("claiming ordering keys from pubsub_outbox")?;

@@ -14,7 +14,7 @@
 -- $1, $2 the key cursor; $3 keys visited at most; $4 now; $5 topics (NULL: all); $6 topics
 -- whose keys skip dead letters; $7 rows at most; $8 keys at most (0: a walk that takes none);
 -- $9, $10, $11 the old keys' topics, ordering keys and last heads; $12 the epoch they were seen
--- in; $13 the floor.
+-- in; $13 the floor; $14 topics this replica leaves alone now (held, or slowed down by quota).
 WITH RECURSIVE
 epoch AS MATERIALIZED (SELECT e.epoch FROM pubsub_outbox_claim_epoch e),
 valid AS MATERIALIZED (SELECT (SELECT epoch FROM epoch) = $12 AS ok),
@@ -71,17 +71,20 @@ heads(id, topic, ordering_key, due, n, i) AS (
 ),
 visited AS (SELECT * FROM heads WHERE n > 0),
 -- A dead letter holds back the rows of its key after its own place (its outbox id;
--- none: all of them), unless its topic skips dead letters: `stop`, the key's first
--- dead-letter position, is where the key's claimable rows end.
+-- none: all of them), unless its topic skips dead letters or an operator cancelled it (a
+-- person's decision: the key goes on): `stop`, the key's first blocking position, is where
+-- the key's claimable rows end.
 stops AS (
     SELECT h.id, h.topic, h.ordering_key, h.n,
            CASE WHEN h.topic = ANY($6) THEN NULL ELSE (
                SELECT min(COALESCE(d.outbox_id, 0)) FROM pubsub_outbox_dead_letter d
-               WHERE d.topic = h.topic AND d.ordering_key = h.ordering_key) END AS stop
+               WHERE d.topic = h.topic AND d.ordering_key = h.ordering_key
+                 AND d.error_kind <> 'cancelled') END AS stop
     FROM visited h
     WHERE h.id IS NOT NULL AND h.due <= $4
       AND ($5::text[] IS NULL OR h.topic = ANY($5))
       AND NOT (h.topic = ANY(ARRAY(SELECT p.topic FROM pubsub_outbox_paused_topic p)))
+      AND NOT (h.topic = ANY($14))
 ),
 picked AS MATERIALIZED (
     SELECT h.id, h.topic, h.ordering_key, h.n, h.stop

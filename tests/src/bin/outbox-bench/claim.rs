@@ -205,6 +205,7 @@ pub(crate) async fn drain_lock(pool: &PgPool, batch: i64) -> Result<u64> {
             now: Utc::now(),
             limit: batch,
             topics: None,
+            excluded: &[],
         };
         let claimed = claim::claim_batch(&mut tx, &filter, None, 0)
             .await?
