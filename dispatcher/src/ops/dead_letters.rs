@@ -17,11 +17,13 @@ use outbox_runtime::table::{Table, instant, printable};
 use outbox_shared::store::audit::{self, Action};
 use outbox_shared::store::dead_letter::{self, DeadLetter, Filter, REFUSED_LOCALLY};
 use outbox_shared::store::notify;
+use outbox_shared::store::pending::{self, KeyAfter};
 use serde::Serialize;
 use sqlx::PgPool;
 
 use super::blocked::BlockedArgs;
 use super::{ProjectArg, Unknown, Wake, known_topic};
+use crate::config::SkipDeadLetters;
 
 /// The dead-letter commands.
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -97,8 +99,8 @@ pub struct Selection {
     pub topic: Option<String>,
     #[command(flatten)]
     pub project: ProjectArg,
-    /// Error kind: permanent, exhausted or rejected.
-    #[arg(long, value_parser = ["permanent", "exhausted", "rejected"])]
+    /// Error kind: permanent, exhausted, rejected or cancelled.
+    #[arg(long, value_parser = ["permanent", "exhausted", "rejected", "cancelled"])]
     pub kind: Option<String>,
     /// This ordering key.
     #[arg(long)]
@@ -208,6 +210,8 @@ pub struct ChangeArgs {
     /// At most this many entries per second (replay: spare the dispatchers a flood).
     #[arg(long, default_value_t = 1000.0)]
     pub rate: f64,
+    #[command(flatten)]
+    pub skip_dead_letters: SkipDeadLetters,
 }
 
 /// `replay` options.
@@ -429,6 +433,7 @@ pub struct Plan {
     batch_size: i64,
     rate: f64,
     notify_channel: String,
+    skip_topics: Vec<String>,
 }
 
 impl ChangeArgs {
@@ -471,6 +476,7 @@ impl ChangeArgs {
             batch_size: self.batch_size,
             rate: self.rate,
             notify_channel: self.wake.notify_channel.clone(),
+            skip_topics: self.skip_dead_letters.topics.clone(),
         })
     }
 }
@@ -516,13 +522,43 @@ pub struct ChangeReport {
     pub audit_ids: Vec<i64>,
     /// Replay: the ids the dispatcher refused itself, which it will dead-letter again.
     pub refused_locally: Vec<i64>,
+    /// Each ordering key of the entries changed, as the change leaves it: whether a dead letter
+    /// still blocks it, and how many of its messages then wait in the outbox (they go at once
+    /// when it is not blocked; a replayed message goes first).
+    pub keys: Vec<KeyAfter>,
 }
 
-/// Replays or discards the plan's dead letters, a batch per transaction.
+/// Replays or discards the plan's dead letters, a batch per transaction. Ids that name no dead
+/// letter refuse the whole command first (exit 2, nothing changed).
 async fn change(plan: Plan, pool: &PgPool) -> Result<Output, OpsError> {
     {
         let mut conn = pool.begin().await?;
         check_topic(&mut conn, &plan.filter).await?;
+        if !plan.ids.is_empty() {
+            let all = Filter {
+                ids: Some(plan.ids.clone()),
+                ..Filter::default()
+            };
+            let limit = i64::try_from(plan.ids.len()).unwrap_or(i64::MAX);
+            let found: Vec<i64> = dead_letter::select(&mut conn, &all, limit, None)
+                .await?
+                .iter()
+                .map(|d| d.id)
+                .collect();
+            let unknown: Vec<i64> = plan
+                .ids
+                .iter()
+                .copied()
+                .filter(|id| !found.contains(id))
+                .collect();
+            if !unknown.is_empty() {
+                return Err(OpsError::Usage(format!(
+                    "no dead letter with id(s) {unknown:?} (replayed or discarded already, or a \
+                     typo: dispatcher dead-letters list shows the ids); nothing was {}ed",
+                    plan.action
+                )));
+            }
+        }
         conn.rollback().await?;
     }
     let selector = serde_json::to_value(&plan.filter).map_err(OpsError::Encode)?;
@@ -534,6 +570,7 @@ async fn change(plan: Plan, pool: &PgPool) -> Result<Output, OpsError> {
         skipped: Vec::new(),
         audit_ids: Vec::new(),
         refused_locally: Vec::new(),
+        keys: Vec::new(),
     };
     let mut before_id = None;
     loop {
@@ -583,13 +620,27 @@ async fn change_page(
                 .map(|d| d.id),
         );
     }
+    let keyed: Vec<(i64, String, String)> = page
+        .iter()
+        .filter_map(|d| d.ordering_key.clone().map(|k| (d.id, d.topic.clone(), k)))
+        .collect();
     let page: Vec<i64> = page.iter().map(|d| d.id).collect();
     // A dry run makes the change and rolls it back: what it lists is exactly what the change
-    // would do (a replay's skipped entries too).
+    // would do (a replay's skipped entries too, and what it leaves of each key).
     let done = match action {
         "replay" => dead_letter::replay(&mut tx, &page).await?,
         _ => dead_letter::discard(&mut tx, &page).await?,
     };
+    let keys: Vec<(String, String)> = keyed
+        .into_iter()
+        .filter(|(id, _, _)| done.contains(id))
+        .map(|(_, topic, key)| (topic, key))
+        .collect();
+    for key in pending::keys_after(&mut tx, &keys, &plan.skip_topics).await? {
+        if !report.keys.contains(&key) {
+            report.keys.push(key);
+        }
+    }
     report
         .skipped
         .extend(page.iter().filter(|id| !done.contains(id)));
@@ -619,6 +670,22 @@ fn change_output(plan: &Plan, report: ChangeReport) -> Result<Output, OpsError> 
         (_, false) => "discarded",
     };
     let mut text = format!("{verb} {} dead letter(s): {:?}\n", report.count, report.ids);
+    for k in &report.keys {
+        text.push_str(&format!(
+            "ordering key {:?} of {}: {}\n",
+            k.ordering_key,
+            k.topic,
+            match (k.blocked, k.waiting) {
+                (true, n) => format!(
+                    "still blocked by another dead letter; {n} message(s) wait (dispatcher \
+                     dead-letters blocked --topic {})",
+                    k.topic
+                ),
+                (false, 0) => "released; no message of it waits".to_owned(),
+                (false, n) => format!("released: {n} message(s) go at once, in order"),
+            }
+        ));
+    }
     if !report.skipped.is_empty() {
         text.push_str(&format!(
             "{} in place: {:?}. Their dedupe key is in the outbox again (the message was written \

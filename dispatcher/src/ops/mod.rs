@@ -12,6 +12,7 @@ mod audit;
 mod blocked;
 mod dead_letters;
 mod pause;
+mod pending;
 mod replicas;
 mod status;
 
@@ -37,6 +38,10 @@ pub enum OpsCommand {
     /// Inspect, replay or discard dead letters.
     #[command(subcommand, name = "dead-letters")]
     DeadLetters(Box<dead_letters::DeadLettersCommand>),
+    /// Messages not yet sent: list them, cancel them (to the dead-letter table, replayable), or
+    /// make the ones waiting for a retry due now.
+    #[command(subcommand)]
+    Pending(Box<pending::PendingCommand>),
     /// Stop claiming a topic's messages (they accumulate; nothing is dead-lettered). In force
     /// when it returns: no claim takes the topic's rows from then on. Audited.
     #[command(
@@ -88,6 +93,7 @@ impl OpsCommand {
         match self {
             Self::Status(a) => &a.common,
             Self::DeadLetters(c) => c.common(),
+            Self::Pending(c) => c.common(),
             Self::Pause(a) => &a.common,
             Self::Resume(a) => &a.common,
             Self::Audit(a) => &a.common,
@@ -101,6 +107,7 @@ impl OpsCommand {
         match self {
             Self::Status(a) => output_on(a, pool).await,
             Self::DeadLetters(c) => c.output(pool).await,
+            Self::Pending(c) => c.output(pool).await,
             Self::Pause(a) => output_on(a, pool).await,
             Self::Resume(a) => output_on(a, pool).await,
             Self::Audit(a) => output_on(a, pool).await,
@@ -115,6 +122,7 @@ impl OpsCommand {
         match self {
             Self::Status(a) => execute(a, common, APPLICATION).await,
             Self::DeadLetters(c) => c.execute(common, APPLICATION).await,
+            Self::Pending(c) => c.execute(common, APPLICATION).await,
             Self::Pause(a) => execute(a, common, APPLICATION).await,
             Self::Resume(a) => execute(a, common, APPLICATION).await,
             Self::Audit(a) => execute(a, common, APPLICATION).await,

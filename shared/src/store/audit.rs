@@ -6,7 +6,16 @@ use sqlx::PgConnection;
 use crate::error::{DbContext, Result};
 
 /// Every action the operator commands record (`pubsub_outbox_audit.action`).
-pub const ACTIONS: &[&str] = &["replay", "discard", "pause", "resume", "rewind", "prune"];
+pub const ACTIONS: &[&str] = &[
+    "replay",
+    "discard",
+    "cancel",
+    "retry-now",
+    "pause",
+    "resume",
+    "rewind",
+    "prune",
+];
 
 /// One operator action.
 #[derive(Debug, Clone, PartialEq)]

@@ -12,6 +12,7 @@ pub mod lookback;
 pub mod notify;
 pub mod outbox;
 pub mod pause;
+pub mod pending;
 pub mod replica;
 pub mod run_ledger;
 pub mod settle;

@@ -14,6 +14,7 @@ mod oncall;
 mod operator;
 mod operator_rules;
 mod ordering;
+mod pending;
 mod plans;
 mod poison;
 mod pooler;

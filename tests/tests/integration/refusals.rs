@@ -254,6 +254,77 @@ async fn a_proxys_404_holds_the_topic_until_the_route_exists() {
 }
 
 #[tokio::test]
+async fn a_held_topic_deleted_on_purpose_is_emptied_by_a_persons_cancel_and_the_hold_ends() {
+    let db = TestDb::new().await;
+    let gone = TestTopic::new(true).await;
+    let front = FrontEnd::start(Options::default()).await;
+    front.recorder.refuse(Refusal {
+        until: None,
+        ..Refusal::topic_for(&gone.topic, Code::NotFound, Duration::ZERO)
+    });
+    let sent = rows(&gone.topic, "gone", 3, 5, 10);
+    enqueue(&db.pool, &sent).await;
+    let dispatcher = front
+        .dispatcher(db.url(), &["--poll-interval", "100ms"])
+        .start()
+        .expect("start the dispatcher");
+    let held = || async { count(&db.pool, "SELECT count(*) FROM pubsub_outbox_held_topic").await };
+    wait_until("the topic is held", Duration::from_secs(15), || async {
+        if held().await == 1 {
+            Ok(())
+        } else {
+            Err("not yet".to_owned())
+        }
+    })
+    .await;
+    // Nothing is dead-lettered without a person: it stays held, its rows untouched.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(charged_and_dead(&db).await, (0, 0));
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM pubsub_outbox").await,
+        25
+    );
+
+    let done = harness::operator::json(
+        &db,
+        &[
+            "pending",
+            "cancel",
+            "--topic",
+            &gone.topic,
+            "--reason",
+            "topic retired, CHG-42",
+            "--yes",
+            "--json",
+        ],
+    );
+    assert_eq!(done["count"], 25, "{done}");
+    wait_until("the hold ends", Duration::from_secs(20), || async {
+        if held().await == 0 {
+            Ok(())
+        } else {
+            Err("still held".to_owned())
+        }
+    })
+    .await;
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM pubsub_outbox_dead_letter WHERE error_kind = 'cancelled'"
+        )
+        .await,
+        25,
+        "every message is a cancelled dead letter: inspectable, replayable"
+    );
+    let publishes = front.recorder.publishes();
+    assert!(
+        publishes.iter().all(|c| c.refused.is_some()),
+        "nothing was accepted"
+    );
+    dispatcher.signal("TERM");
+}
+
+#[tokio::test]
 async fn quota_refusals_slow_the_topic_down_and_charge_no_attempt() {
     let db = TestDb::new().await;
     let topic = TestTopic::new(true).await;
