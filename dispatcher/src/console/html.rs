@@ -39,6 +39,8 @@ pub fn url(value: &str) -> String {
 pub enum Section {
     /// The overview.
     Overview,
+    /// Messages not yet sent.
+    Pending,
     /// Dead letters.
     DeadLetters,
     /// The audit trail.
@@ -55,6 +57,7 @@ pub fn page(
 ) -> Response {
     let nav = [
         (Section::Overview, "/", "Overview"),
+        (Section::Pending, "/pending", "Pending"),
         (Section::DeadLetters, "/dead-letters", "Dead letters"),
         (Section::Audit, "/audit", "Audit trail"),
     ]

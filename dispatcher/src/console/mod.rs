@@ -1,9 +1,11 @@
 //! `dispatcher console`: the operator's console in a browser. The overview (per topic: due,
-//! held, waiting, oldest claimable age, dead letters, paused; blocked keys; replicas; producer
-//! streams; the warnings `status` gives; plots of the last hour from samples it keeps itself),
-//! the dead letters (filters, paging, a safe preview, the key each one holds back), the audit
-//! trail, and, when started with `--actions`, pause/resume and replay/discard, each previewed
-//! (a dry run lists exactly the ids), confirmed with a reason and audited with the identity.
+//! held, waiting, oldest claimable age, dead letters, paused; the topics Pub/Sub refuses, held;
+//! blocked keys; replicas; producer streams; the warnings `status` gives; plots of the last hour
+//! from samples it keeps itself), the messages not yet sent (`pending.rs`: filters, paging), the
+//! dead letters (filters, paging, a safe preview, the key each one holds back), the audit trail,
+//! and, when started with `--actions`, pause/resume, replay/discard of dead letters and
+//! cancel/retry-now of pending messages, each previewed (a dry run lists exactly the ids),
+//! confirmed with a reason and audited with the identity.
 //!
 //! One source of truth: every query and action is an operator command of this binary
 //! ([`crate::ops`]), parsed from the CLI's own flags and run on the console's pool.
@@ -21,6 +23,7 @@ mod csrf;
 mod fields;
 mod html;
 mod pages;
+mod pending;
 mod samples;
 mod svg;
 
@@ -87,7 +90,8 @@ pub struct ConsoleArgs {
     /// Local mode: the identity shown and audited (default: the OS user, as the CLI's actor).
     #[arg(long, env = "OUTBOX_CONSOLE_USER")]
     pub local_user: Option<String>,
-    /// Offer the actions (pause/resume, replay/discard); without it the console only reads.
+    /// Offer the actions (pause/resume, replay/discard of dead letters, cancel/retry-now of
+    /// pending messages); without it the console only reads.
     #[arg(long, env = "OUTBOX_CONSOLE_ACTIONS")]
     pub actions: bool,
     /// The key of the CSRF tokens, shared by the console's replicas (default: a random key per
@@ -225,7 +229,7 @@ impl Console {
             return Err(Box::new(html::problem(
                 StatusCode::FORBIDDEN,
                 who,
-                "this console only reads: start it with --actions to pause, resume, replay or discard",
+                "this console only reads: start it with --actions to pause, resume, replay, discard, cancel or retry",
             )));
         }
         let mut fields = fields::Fields::new();
@@ -379,6 +383,7 @@ impl FromRequest<Arc<Console>> for Change {
 pub fn router(console: Arc<Console>) -> Router {
     Router::new()
         .route("/", get(pages::overview))
+        .route("/pending", get(pending::page_of))
         .route("/dead-letters", get(pages::dead_letters))
         .route("/dead-letters/{id}", get(pages::dead_letter))
         .route("/audit", get(pages::audit))

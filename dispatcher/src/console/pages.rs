@@ -92,7 +92,7 @@ impl Console {
     }
 
     /// A form's hidden CSRF field for `identity`.
-    fn csrf_field(&self, identity: &str) -> String {
+    pub(super) fn csrf_field(&self, identity: &str) -> String {
         format!(
             "<input type=\"hidden\" name=\"csrf\" value=\"{}\">",
             esc(&self.csrf.token(identity))
@@ -392,10 +392,10 @@ const FILTERS: &[(&str, &str)] = &[
     ("error_contains", "--error-contains"),
 ];
 
-/// The CLI flags of the filter fields set in `q`.
-fn filter_flags(q: &Fields) -> Vec<String> {
+/// The CLI flags of the filter fields of `filters` set in `q`.
+pub(super) fn filter_flags(q: &Fields, filters: &[(&str, &str)]) -> Vec<String> {
     let mut flags = Vec::new();
-    for (field, flag) in FILTERS {
+    for (field, flag) in filters {
         if let Some(v) = q.get(*field).map(|v| v.trim()).filter(|v| !v.is_empty()) {
             flags.push((*flag).to_owned());
             flags.push(v.to_owned());
@@ -417,7 +417,7 @@ pub async fn dead_letters(
         "--limit".into(),
         "50".into(),
     ];
-    args.extend(filter_flags(&q));
+    args.extend(filter_flags(&q, FILTERS));
     if let Some(before) = q.get("before_id").filter(|v| !v.is_empty()) {
         args.extend(["--before-id".into(), before.clone()]);
     }
@@ -705,10 +705,17 @@ fn change_args(f: &Fields, ids: &[String], who: &str) -> Result<(String, Vec<Str
     let action = f.get("action").map(String::as_str).unwrap_or("");
     let reason = f.get("reason").cloned().unwrap_or_default();
     let mut args: Vec<String> = match action {
-        "replay" | "discard" => {
-            let mut a = vec!["dead-letters".to_owned(), action.to_owned()];
+        "replay" | "discard" | "cancel" | "retry-now" => {
+            let (group, filters) = match action {
+                "replay" | "discard" => ("dead-letters", FILTERS),
+                _ => ("pending", super::pending::FILTERS),
+            };
+            let mut a = vec![group.to_owned(), action.to_owned()];
             if f.get("scope").map(String::as_str) == Some("filter") {
-                a.extend(filter_flags(f));
+                a.extend(filter_flags(f, filters));
+                if group == "pending" && f.get("waiting").is_some_and(|v| v == "yes") {
+                    a.push("--waiting".into());
+                }
             } else if ids.is_empty() {
                 return Err("tick at least one entry, or choose the whole filter".into());
             } else {
@@ -749,10 +756,10 @@ pub async fn preview(State(c): State<Arc<Console>>, change: Change) -> Response 
     let topic = f.get("topic").map_or("", String::as_str);
     // Every change is previewed by its dry run: the same checks (a topic the database does not
     // know, ids that are gone) refuse it here, not at the confirmation.
-    let dry = if action == "replay" || action == "discard" {
-        c.dry_run(&action, &args).await
-    } else {
-        c.dry_run_topic(&action, &args).await
+    let dry = match action.as_str() {
+        "replay" | "discard" => c.dry_run(&action, &args).await,
+        "cancel" | "retry-now" => c.dry_run_pending(&action, &args).await,
+        _ => c.dry_run_topic(&action, &args).await,
     };
     let (mut body, confirm_ids) = match dry {
         Ok(Some(r)) => r,
@@ -760,6 +767,8 @@ pub async fn preview(State(c): State<Arc<Console>>, change: Change) -> Response 
             let nothing = match action.as_str() {
                 "pause" => "the topic is paused already: nothing to do",
                 "resume" => "the topic is not paused: nothing to do",
+                "cancel" => "no unpublished message matches: nothing to do",
+                "retry-now" => "no message waiting for a retry matches: nothing to do",
                 _ => "no dead letter matches: nothing to do",
             };
             return problem(StatusCode::NOT_FOUND, &who, nothing);
@@ -792,7 +801,10 @@ pub async fn preview(State(c): State<Arc<Console>>, change: Change) -> Response 
         .iter()
         .map(|id| format!("<input type=\"hidden\" name=\"id\" value=\"{}\">", esc(id)))
         .collect();
-    let by_ids = action == "replay" || action == "discard";
+    let by_ids = matches!(
+        action.as_str(),
+        "replay" | "discard" | "cancel" | "retry-now"
+    );
     if by_ids && confirm_ids.is_empty() {
         // Every selected entry would be left in place: nothing to confirm.
         body.push_str("<p><a href=\"/\">Overview</a></p>");
@@ -839,7 +851,7 @@ fn set_flag(args: &mut [String], flag: &str, value: &str) {
 
 impl Console {
     /// The JSON of the change `args` made as a dry run (made, then rolled back).
-    async fn dry_json(&self, args: &[String]) -> Result<Value, String> {
+    pub(super) async fn dry_json(&self, args: &[String]) -> Result<Value, String> {
         let mut dry = args.to_vec();
         dry.push("--dry-run".into());
         self.json(&dry).await

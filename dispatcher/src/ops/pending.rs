@@ -173,6 +173,9 @@ pub struct ChangeArgs {
     pub ids: Vec<i64>,
     #[command(flatten)]
     pub filter: Filter,
+    /// Only messages waiting for a retry (retry-now takes only those anyway).
+    #[arg(long)]
+    pub waiting: bool,
     #[command(flatten)]
     pub why: Why,
     #[command(flatten)]
@@ -283,9 +286,9 @@ pub struct Plan {
 
 impl ChangeArgs {
     fn plan(&self, action: &'static str, now: DateTime<Utc>) -> Result<Plan, OpsError> {
-        let selection = self
-            .filter
-            .selection(&self.ids, now, action == "retry-now")?;
+        let selection =
+            self.filter
+                .selection(&self.ids, now, self.waiting || action == "retry-now")?;
         let by_filter = self.ids.is_empty();
         if by_filter && selection.is_empty() {
             return Err(OpsError::Usage(format!(

@@ -510,3 +510,152 @@ async fn a_placeholder_iap_audience_stops_the_console_at_start_with_the_fix() {
         );
     }
 }
+
+#[tokio::test]
+async fn pending_messages_are_cancelled_and_retried_after_a_preview_and_a_held_topic_is_shown() {
+    let db = TestDb::new().await;
+    harness::fixtures::enqueue(
+        &db.pool,
+        &[
+            outbox_shared::NewMessage::new(TOPIC, "c-1", b"1".to_vec()).with_ordering_key("k"),
+            outbox_shared::NewMessage::new(TOPIC, "c-2", b"2".to_vec()).with_ordering_key("k"),
+            outbox_shared::NewMessage::new(TOPIC, "w-1", b"3".to_vec()),
+        ],
+    )
+    .await;
+    sqlx::raw_sql(&format!(
+        "UPDATE pubsub_outbox SET attempts = 2, next_attempt_at = now() + interval '1 hour'
+             WHERE dedupe_key = 'w-1';
+         INSERT INTO pubsub_outbox_held_topic (topic, code, message, held_since, last_refused_at,
+             next_probe_at, probe_interval_ms)
+         VALUES ('{TOPIC}', 'PERMISSION_DENIED', 'User not authorized to perform this action.',
+                 now() - interval '3 minutes', now(), now() + interval '15 seconds', 15000)"
+    ))
+    .execute(&db.pool)
+    .await
+    .expect("a waiting row and a held topic");
+    let id: i64 = count(
+        &db.pool,
+        "SELECT id FROM pubsub_outbox WHERE dedupe_key = 'c-1'",
+    )
+    .await;
+    let (_console, addr) = console(&db, &["--actions", "--local-user", "alice@example.com"]).await;
+
+    let overview = http_request(&addr, "GET", "/", &[], "").await;
+    assert_eq!(overview.status, 200, "{}", overview.body);
+    assert!(
+        overview.body.contains("Held topics: Pub/Sub refuses them")
+            && overview.body.contains("PERMISSION_DENIED")
+            && overview
+                .body
+                .contains("User not authorized to perform this action."),
+        "the overview shows the held topic with its code and message: {}",
+        overview.body
+    );
+    let listed = http_request(&addr, "GET", &format!("/pending?topic={TOPIC}"), &[], "").await;
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    assert!(
+        listed.body.contains("c-1") && listed.body.contains("w-1"),
+        "{}",
+        listed.body
+    );
+
+    // Cancel the ticked key head: previewed by its dry run (exactly the id, what the key does
+    // then), confirmed, audited as the identity; the key is not blocked by it.
+    let token = csrf_of(&listed.body);
+    let form =
+        |csrf: &str| format!("action=cancel&scope=ids&id={id}&reason=sent+twice&csrf={csrf}");
+    let preview = http_request(&addr, "POST", "/actions/preview", &[], &form(&token)).await;
+    assert_eq!(preview.status, 200, "{}", preview.body);
+    assert!(
+        preview
+            .body
+            .contains(&format!("<span id=\"ids\">{id}</span>")),
+        "the preview lists exactly the id: {}",
+        preview.body
+    );
+    assert!(preview.body.contains("go on at once"), "{}", preview.body);
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM pubsub_outbox").await,
+        3
+    );
+    let done = http_request(
+        &addr,
+        "POST",
+        "/actions/apply",
+        &[],
+        &form(&csrf_of(&preview.body)),
+    )
+    .await;
+    assert_eq!(done.status, 200, "{}", done.body);
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM pubsub_outbox_dead_letter WHERE error_kind = 'cancelled' AND dedupe_key = 'c-1'"
+        )
+        .await,
+        1
+    );
+
+    // Retry now by the whole filter (waiting rows of the topic).
+    let waiting = http_request(
+        &addr,
+        "GET",
+        &format!("/pending?topic={TOPIC}&waiting=yes"),
+        &[],
+        "",
+    )
+    .await;
+    let filter = |csrf: &str| {
+        format!("action=retry-now&scope=filter&topic={TOPIC}&waiting=yes&reason=fixed&csrf={csrf}")
+    };
+    let preview = http_request(
+        &addr,
+        "POST",
+        "/actions/preview",
+        &[],
+        &filter(&csrf_of(&waiting.body)),
+    )
+    .await;
+    assert_eq!(preview.status, 200, "{}", preview.body);
+    let w1: i64 = count(
+        &db.pool,
+        "SELECT id FROM pubsub_outbox WHERE dedupe_key = 'w-1'",
+    )
+    .await;
+    assert!(
+        preview
+            .body
+            .contains(&format!("<span id=\"ids\">{w1}</span>")),
+        "only the waiting row: {}",
+        preview.body
+    );
+    // The confirmation carries the previewed ids.
+    let confirm = format!(
+        "action=retry-now&scope=ids&id={w1}&reason=fixed&csrf={}",
+        csrf_of(&preview.body)
+    );
+    let done = http_request(&addr, "POST", "/actions/apply", &[], &confirm).await;
+    assert_eq!(done.status, 200, "{}", done.body);
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM pubsub_outbox WHERE dedupe_key = 'w-1' AND next_attempt_at <= now() AND attempts = 2"
+        )
+        .await,
+        1,
+        "due now, attempts unchanged"
+    );
+    let actors: Vec<(String, String)> =
+        sqlx::query_as("SELECT action, actor FROM pubsub_outbox_audit ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .expect("the audit rows");
+    assert_eq!(
+        actors,
+        vec![
+            ("cancel".to_owned(), "alice@example.com".to_owned()),
+            ("retry-now".to_owned(), "alice@example.com".to_owned())
+        ]
+    );
+}
