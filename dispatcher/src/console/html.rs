@@ -103,8 +103,19 @@ pub fn problem(status: StatusCode, identity: &str, message: &str) -> Response {
 /// A response with the console's security headers.
 pub fn respond(status: StatusCode, content_type: &'static str, body: String) -> Response {
     let mut r = (status, body).into_response();
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    secure(r)
+}
+
+/// Adds the console's security headers to `r`: every response gets them, axum's own answers too
+/// (a 404 for an unknown path, a 400 for a malformed one), as the last layer of the router.
+pub async fn secure_every(r: Response) -> Response {
+    secure(r)
+}
+
+fn secure(mut r: Response) -> Response {
     let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     h.insert(
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static(CSP),

@@ -392,11 +392,23 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/console.css", get(stylesheet))
         .route("/blocked-keys", get(blocked::keys_page))
         .route("/healthz", get(healthz))
+        .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             console.clone(),
             only_loopback_hosts,
         ))
+        .layer(axum::middleware::map_response(html::secure_every))
         .with_state(console)
+}
+
+/// An unknown path.
+async fn not_found() -> Response {
+    html::respond(
+        StatusCode::NOT_FOUND,
+        "text/plain; charset=utf-8",
+        "No such page: the console has /, /pending, /dead-letters, /blocked-keys and /audit.\n"
+            .into(),
+    )
 }
 
 /// Local mode: refuses a request whose `Host` is not a loopback name before anything renders

@@ -24,9 +24,13 @@ pub struct BlockedArgs {
     /// At most this many keys (a page).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=10_000))]
     pub limit: i64,
-    /// The next page of --topic's keys: those after this key (the last of the previous page).
-    #[arg(long, requires = "topic")]
+    /// The next page: keys after this one (the last of the previous page; its topic is
+    /// --after-topic, else --topic).
+    #[arg(long)]
     pub after_key: Option<String>,
+    /// The next page: the topic of --after-key (full name), when listing every topic.
+    #[arg(long, requires = "after_key")]
+    pub after_topic: Option<String>,
     #[command(flatten)]
     pub skip_dead_letters: SkipDeadLetters,
 }
@@ -37,6 +41,7 @@ pub struct Page {
     topic: Option<String>,
     project: ProjectArg,
     after_key: Option<String>,
+    after_topic: Option<String>,
     limit: i64,
     skip_topics: Vec<String>,
 }
@@ -45,10 +50,18 @@ impl Command for BlockedArgs {
     type Checked = Page;
 
     fn check(&self, _now: DateTime<Utc>) -> Result<Page, OpsError> {
+        if self.after_key.is_some() && self.after_topic.is_none() && self.topic.is_none() {
+            return Err(OpsError::Usage(
+                "--after-key needs its topic: --after-topic T (the page before ended there), or \
+                 --topic T to page through one topic"
+                    .to_owned(),
+            ));
+        }
         Ok(Page {
             topic: self.topic.clone(),
             project: self.project.clone(),
             after_key: self.after_key.clone(),
+            after_topic: self.after_topic.clone(),
             limit: self.limit,
             skip_topics: self.skip_dead_letters.topics.clone(),
         })
@@ -63,16 +76,24 @@ impl Command for BlockedArgs {
             }
             None => None,
         };
-        let keys: Vec<BlockedKey> = status::blocked_keys(
+        let after_topic = match &p.after_topic {
+            Some(given) => Some(p.project.topic(given)?),
+            None => topic.clone(),
+        };
+        let after = after_topic.as_deref().zip(p.after_key.as_deref());
+        // One more than the page tells whether another page follows.
+        let mut keys: Vec<BlockedKey> = status::blocked_keys(
             &mut conn,
             &BlockedQuery {
                 skip_topics: &p.skip_topics,
                 topic: topic.as_deref(),
-                after_key: p.after_key.as_deref(),
-                limit: p.limit,
+                after,
+                limit: p.limit + 1,
             },
         )
         .await?;
+        let more = keys.len() as i64 > p.limit;
+        keys.truncate(usize::try_from(p.limit).unwrap_or(usize::MAX));
         let mut t = Table::new(&["TOPIC", "ORDERING KEY", "DEAD LETTER", "WAITING"]);
         for k in &keys {
             t.row(vec![
@@ -82,7 +103,7 @@ impl Command for BlockedArgs {
                 k.waiting.to_string(),
             ]);
         }
-        let (mut text, exit) = if t.is_empty() {
+        let (text, exit) = if t.is_empty() {
             (
                 "No ordering key is blocked by a dead letter.\n".to_owned(),
                 Exit::NothingMatched,
@@ -90,14 +111,20 @@ impl Command for BlockedArgs {
         } else {
             (t.render(), Exit::Ok)
         };
-        if let (Some(topic), Some(last)) = (&topic, keys.last())
-            && i64::try_from(keys.len()).is_ok_and(|n| n == p.limit)
-        {
-            text.push_str(&format!(
-                "(a page of {}; the next: --topic {topic} --after-key {:?})\n",
-                p.limit, last.ordering_key
+        let mut out = Output::new(text, &keys, exit)?;
+        if let (true, Some(last)) = (more, keys.last()) {
+            let next = match &topic {
+                Some(topic) => format!("--topic {topic} --after-key {:?}", last.ordering_key),
+                None => format!(
+                    "--after-topic {} --after-key {:?}",
+                    last.topic, last.ordering_key
+                ),
+            };
+            out = out.note(format!(
+                "more keys are blocked than this page of {} shows: the next page is {next}",
+                p.limit
             ));
         }
-        Output::new(text, &keys, exit)
+        Ok(out)
     }
 }

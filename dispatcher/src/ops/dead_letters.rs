@@ -16,8 +16,8 @@ use outbox_runtime::operator::{
 use outbox_runtime::table::{Table, instant, printable};
 use outbox_shared::store::audit::{self, Action};
 use outbox_shared::store::dead_letter::{self, DeadLetter, Filter, REFUSED_LOCALLY};
-use outbox_shared::store::notify;
 use outbox_shared::store::pending::{self, KeyAfter};
+use outbox_shared::store::{notify, outbox};
 use serde::Serialize;
 use sqlx::PgPool;
 
@@ -324,11 +324,15 @@ impl Command for ListArgs {
         // Read-only, inside a transaction (as behind a transaction-mode pooler it must be).
         let mut conn = pool.begin().await?;
         check_topic(&mut conn, &p.filter).await?;
-        let entries: Vec<Entry> = dead_letter::select(&mut conn, &p.filter, p.limit, p.before_id)
-            .await?
-            .into_iter()
-            .map(Entry::from)
-            .collect();
+        // One more than the page tells whether another page follows.
+        let mut entries: Vec<Entry> =
+            dead_letter::select(&mut conn, &p.filter, p.limit + 1, p.before_id)
+                .await?
+                .into_iter()
+                .map(Entry::from)
+                .collect();
+        let more = entries.len() as i64 > p.limit;
+        entries.truncate(usize::try_from(p.limit).unwrap_or(usize::MAX));
         let mut t = Table::new(&[
             "ID",
             "FAILED AT",
@@ -356,7 +360,15 @@ impl Command for ListArgs {
         } else {
             (t.render(), Exit::Ok)
         };
-        Output::new(text, &entries, exit)
+        let mut out = Output::new(text, &entries, exit)?;
+        if let (true, Some(last)) = (more, entries.last()) {
+            out = out.note(format!(
+                "more match than this page of {}: the next page is --before-id {} (with the same \
+                 filter)",
+                p.limit, last.id
+            ));
+        }
+        Ok(out)
     }
 }
 
@@ -371,9 +383,7 @@ impl Command for ShowArgs {
         // Read-only, inside a transaction (as behind a transaction-mode pooler it must be).
         let mut conn = pool.begin().await?;
         let Some(e) = dead_letter::get(&mut conn, id).await?.map(Entry::from) else {
-            return Err(OpsError::NothingMatched(format!(
-                "no dead letter with id {id} (dispatcher dead-letters list shows the ids)"
-            )));
+            return Err(OpsError::NothingMatched(gone(&mut conn, id).await?));
         };
         let refused = e.last_error.starts_with(REFUSED_LOCALLY);
         let lines = [
@@ -415,6 +425,52 @@ impl Command for ShowArgs {
         }
         Output::new(text, &e, Exit::Ok)
     }
+}
+
+/// What became of dead letter `id`, which is gone: the audit trail's replay or discard of it and,
+/// for a replay, where its message is now (the outbox, published, or a new dead letter: a
+/// replayed message refused again gets a new id and keeps its outbox id).
+async fn gone(conn: &mut sqlx::PgConnection, id: i64) -> Result<String, OpsError> {
+    let Some(entry) = audit::last_touching(conn, id, &["replay", "discard"]).await? else {
+        return Ok(format!(
+            "no dead letter with id {id} (dispatcher dead-letters list shows the ids)"
+        ));
+    };
+    let mut said = format!(
+        "dead letter {id} is gone: {} by {} at {} (audit entry {}, reason: {})",
+        if entry.action == "replay" {
+            "replayed"
+        } else {
+            "discarded"
+        },
+        entry.actor,
+        instant(entry.at),
+        entry.id,
+        entry.reason
+    );
+    let outbox_id = entry
+        .selector
+        .get("outbox_ids")
+        .and_then(|m| m.get(id.to_string()))
+        .and_then(serde_json::Value::as_i64);
+    if let Some(outbox_id) = outbox_id {
+        let now = match dead_letter::of_outbox_row(conn, outbox_id).await? {
+            Some(again) => format!(
+                "; its message (outbox id {outbox_id}) was refused again: it is dead letter {} \
+                 now (dispatcher dead-letters show {})",
+                again.id, again.id
+            ),
+            None => match outbox::get(conn, outbox_id).await? {
+                Some(row) if row.published_at.is_none() => format!(
+                    "; its message waits in the outbox as row {outbox_id} (dispatcher pending \
+                     list {outbox_id})"
+                ),
+                _ => format!("; its message (outbox id {outbox_id}) was published"),
+            },
+        };
+        said.push_str(&now);
+    }
+    Ok(said)
 }
 
 /// What to say about a message the dispatcher refused itself.
@@ -620,6 +676,10 @@ async fn change_page(
                 .map(|d| d.id),
         );
     }
+    let outbox_ids: Vec<(i64, i64)> = page
+        .iter()
+        .filter_map(|d| d.outbox_id.map(|o| (d.id, o)))
+        .collect();
     let keyed: Vec<(i64, String, String)> = page
         .iter()
         .filter_map(|d| d.ordering_key.clone().map(|k| (d.id, d.topic.clone(), k)))
@@ -645,10 +705,22 @@ async fn change_page(
         .skipped
         .extend(page.iter().filter(|id| !done.contains(id)));
     if !done.is_empty() && !plan.dry_run {
+        let mut selector = selector.clone();
+        if action == "replay"
+            && let Some(object) = selector.as_object_mut()
+        {
+            // Where each replayed entry went: `show` of its gone id follows it there.
+            let moved: serde_json::Map<String, serde_json::Value> = outbox_ids
+                .iter()
+                .filter(|(id, _)| done.contains(id))
+                .map(|(id, outbox_id)| (id.to_string(), serde_json::Value::from(*outbox_id)))
+                .collect();
+            object.insert("outbox_ids".to_owned(), serde_json::Value::Object(moved));
+        }
         let entry = Action {
             actor: plan.who.actor.as_deref(),
             action,
-            selector: selector.clone(),
+            selector,
             row_ids: &done,
             reason: &plan.who.reason,
         };

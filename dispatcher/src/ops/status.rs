@@ -118,7 +118,7 @@ async fn read(args: &Settings, pool: &PgPool) -> Result<Status, OpsError> {
         &BlockedQuery {
             skip_topics: &args.skip_dead_letter_topics,
             topic: None,
-            after_key: None,
+            after: None,
             limit: args.blocked_keys,
         },
     )

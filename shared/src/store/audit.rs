@@ -101,3 +101,25 @@ pub async fn list(
     .await
     .context("reading pubsub_outbox_audit")
 }
+
+/// The latest entry of one of `actions` that changed dead letter (or row) `row_id`: what became of
+/// an id that is gone (`dead-letters show` of a replayed or discarded entry).
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn last_touching(
+    conn: &mut PgConnection,
+    row_id: i64,
+    actions: &[&str],
+) -> Result<Option<Entry>> {
+    sqlx::query_as(
+        "SELECT id, at, actor, db_user, action, selector, row_ids, row_count, reason
+         FROM pubsub_outbox_audit
+         WHERE $1 = ANY(row_ids) AND action = ANY($2)
+         ORDER BY id DESC LIMIT 1",
+    )
+    .persistent(crate::store::named_statements())
+    .bind(row_id)
+    .bind(actions)
+    .fetch_optional(&mut *conn)
+    .await
+    .context("reading pubsub_outbox_audit")
+}

@@ -322,6 +322,22 @@ pub async fn get(conn: &mut PgConnection, id: i64) -> Result<Option<DeadLetter>>
     Ok(select(conn, &filter, 1, None).await?.into_iter().next())
 }
 
+/// The dead letter of outbox row `outbox_id`, if there is one (a replayed message refused
+/// again is a new dead letter with its old outbox id).
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn of_outbox_row(conn: &mut PgConnection, outbox_id: i64) -> Result<Option<DeadLetter>> {
+    sqlx::query_as(
+        "SELECT id, outbox_id, topic, ordering_key, dedupe_key, payload, attributes, created_at,
+                failed_at, attempts, error_kind, last_error, source
+         FROM pubsub_outbox_dead_letter WHERE outbox_id = $1",
+    )
+    .persistent(crate::store::named_statements())
+    .bind(outbox_id)
+    .fetch_optional(&mut *conn)
+    .await
+    .context("reading a dead letter by its outbox id")
+}
+
 /// Puts dead letters back into the outbox (attempts reset, due now) and removes them here.
 /// A message keeps its original outbox id, so it goes out **ahead of** the later messages of its
 /// ordering key that waited behind it; the claim epoch advances with it, so dispatchers stop

@@ -168,7 +168,7 @@ pub struct BlockedTopic {
     pub waiting: i64,
 }
 
-/// Which blocked keys to list: those of `topic` (all topics when `None`) after `after_key`, in
+/// Which blocked keys to list: those of `topic` (all topics when `None`) after `after`, in
 /// (topic, key) order, at most `limit`, except on topics in `skip_topics` (which skip dead
 /// letters). A page of an incident's thousands.
 #[derive(Debug, Clone, Copy)]
@@ -177,8 +177,8 @@ pub struct BlockedQuery<'a> {
     pub skip_topics: &'a [String],
     /// One topic, or all.
     pub topic: Option<&'a str>,
-    /// The page starts after this key (with `topic`).
-    pub after_key: Option<&'a str>,
+    /// The page starts after this (topic, key): the last of the previous page.
+    pub after: Option<(&'a str, &'a str)>,
     /// The most keys to list.
     pub limit: i64,
 }
@@ -201,15 +201,16 @@ pub async fn blocked_keys(
     sqlx::query_as(&format!(
         "{BLOCKED_KEYS}
            AND ($2::text IS NULL OR d.topic = $2)
-           AND ($3::text IS NULL OR d.ordering_key > $3)
+           AND ($3::text IS NULL OR (d.topic, d.ordering_key) > ($3, $4::text))
          GROUP BY d.topic, d.ordering_key
          ORDER BY d.topic, d.ordering_key
-         LIMIT $4"
+         LIMIT $5"
     ))
     .persistent(crate::store::named_statements())
     .bind(q.skip_topics)
     .bind(q.topic)
-    .bind(q.after_key)
+    .bind(q.after.map(|(topic, _)| topic))
+    .bind(q.after.map(|(_, key)| key))
     .bind(q.limit)
     .fetch_all(&mut *conn)
     .await

@@ -93,3 +93,54 @@ async fn a_paused_topic_and_a_blocked_key_are_not_claimable_and_leave_the_other_
     );
     assert!(near(of(&b, mixed).claimable_age_secs, 120.0), "{b:?}");
 }
+
+#[tokio::test]
+async fn rows_behind_a_key_head_waiting_for_its_retry_are_waiting_not_claimable() {
+    let db = TestDb::new().await;
+    let t = "projects/p/topics/backoff";
+    enqueue(
+        &db.pool,
+        &[
+            keyed(t, "k-1", "k"),
+            keyed(t, "k-2", "k"),
+            keyed(t, "k-3", "k"),
+            keyed(t, "j-1", "j"),
+        ],
+    )
+    .await;
+    // Every row is old; the head of k waits five minutes for its retry, j is free.
+    sqlx::raw_sql(
+        "UPDATE pubsub_outbox SET created_at = now() - interval '600 seconds';
+         UPDATE pubsub_outbox SET created_at = now() - interval '60 seconds' WHERE dedupe_key = 'j-1';
+         UPDATE pubsub_outbox SET attempts = 2, next_attempt_at = now() + interval '300 seconds'
+             WHERE dedupe_key = 'k-1'",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("put k's head in backoff");
+    let b = backlog(&db, &[], &[]).await;
+    let near = |v: f64, want: f64| (v - want).abs() < 30.0;
+    assert!(
+        near(of(&b, t).claimable_age_secs, 60.0),
+        "k-2 and k-3 are due but wait behind their head: the signal is j's: {b:?}"
+    );
+    let status = harness::operator::json(&db, &["status", "--json"]);
+    let topic = status["topics"]
+        .as_array()
+        .and_then(|ts| ts.iter().find(|x| x["topic"] == t))
+        .unwrap_or_else(|| panic!("{status}"))
+        .clone();
+    assert_eq!(topic["due_now"], 1, "only j-1: {topic}");
+    assert_eq!(
+        topic["waiting"], 3,
+        "k's three rows wait for its head: {topic}"
+    );
+    let next: chrono::DateTime<Utc> = topic["next_due_at"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("when the head is tried");
+    assert!(
+        (next - Utc::now()).num_seconds() > 250,
+        "the head's retry time: {next}"
+    );
+}

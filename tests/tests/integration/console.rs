@@ -353,6 +353,24 @@ async fn a_local_console_answers_to_loopback_host_names_only() {
         0,
         "nothing audited"
     );
+    // Every answer carries the security headers, axum's own 404 and 400 too.
+    for (path, status) in [("/no-such-page", 404), ("/dead-letters/not-a-number", 400)] {
+        let r = http_request(&addr, "GET", path, &[], "").await;
+        assert_eq!(r.status, status, "{path}: {}", r.body);
+        for name in [
+            "content-security-policy",
+            "x-frame-options",
+            "x-content-type-options",
+            "referrer-policy",
+            "cache-control",
+        ] {
+            assert!(
+                r.headers.iter().any(|(k, _)| k == name),
+                "{path}: {name} in {:?}",
+                r.headers
+            );
+        }
+    }
 }
 
 #[tokio::test]

@@ -349,3 +349,120 @@ async fn a_typo_or_an_unknown_id_refuses_the_whole_change_with_exit_2_and_change
     );
     assert_eq!(rows(&db).await, before);
 }
+
+#[tokio::test]
+async fn a_page_that_is_not_the_last_says_how_to_get_the_next_across_topics_too() {
+    let db = TestDb::new().await;
+    let (a, b) = (
+        "projects/pending-tests/topics/pages-a",
+        "projects/pending-tests/topics/pages-b",
+    );
+    let mut values = Vec::new();
+    for (topic, key) in [(a, "k1"), (a, "k2"), (b, "k1")] {
+        values.push(format!(
+            "('{topic}', '{key}', '{topic}-{key}', '\\x00', '{{}}', now(), 1, 'permanent', 'INVALID_ARGUMENT: x', 'dispatcher')"
+        ));
+    }
+    sqlx::raw_sql(&format!(
+        "INSERT INTO pubsub_outbox_dead_letter (topic, ordering_key, dedupe_key, payload,
+             attributes, created_at, attempts, error_kind, last_error, source)
+         VALUES {}",
+        values.join(", ")
+    ))
+    .execute(&db.pool)
+    .await
+    .expect("three blocking dead letters over two topics");
+
+    let (code, out, err) = dispatcher(&db, &["dead-letters", "blocked", "--limit", "2"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("k2") && !out.contains("pages-b"), "{out}");
+    assert!(
+        err.contains(&format!("--after-topic {a} --after-key \"k2\"")),
+        "says how to get the next page: {err}"
+    );
+    let (code, out, err) = dispatcher(
+        &db,
+        &[
+            "dead-letters",
+            "blocked",
+            "--limit",
+            "2",
+            "--after-topic",
+            a,
+            "--after-key",
+            "k2",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("pages-b") && !out.contains("pages-a"), "{out}");
+    assert!(err.is_empty(), "the last page says nothing more: {err}");
+    let (code, _, err) = dispatcher(&db, &["dead-letters", "blocked", "--after-key", "k2"]);
+    assert_eq!(code, 2, "--after-key needs its topic: {err}");
+
+    let (code, out, err) = dispatcher(&db, &["dead-letters", "list", "--limit", "2"]);
+    assert_eq!(code, 0, "{err}");
+    let shown: Vec<&str> = out.lines().skip(1).collect();
+    assert_eq!(shown.len(), 2, "{out}");
+    assert!(err.contains("the next page is --before-id"), "{err}");
+    let (_, _, err) = dispatcher(&db, &["dead-letters", "list", "--limit", "3"]);
+    assert!(err.is_empty(), "all fit: {err}");
+
+    enqueue(
+        &db.pool,
+        &[
+            message(a, "p-1", &[]),
+            message(a, "p-2", &[]),
+            message(a, "p-3", &[]),
+        ],
+    )
+    .await;
+    let (code, _, err) = dispatcher(&db, &["pending", "list", "--topic", a, "--limit", "2"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("--after-id"), "{err}");
+}
+
+#[tokio::test]
+async fn show_of_a_replayed_dead_letter_says_where_its_message_went() {
+    use outbox_dispatcher::Code;
+    use outbox_dispatcher::fault::{Fault, FaultInjector};
+    let db = TestDb::new().await;
+    let topic = TestTopic::new(false).await;
+    enqueue(&db.pool, &[message(&topic.topic, "again", &[])]).await;
+    let publisher = FaultInjector::passthrough(real_publisher().await);
+    publisher.fail(
+        "again",
+        Fault {
+            code: Code::InvalidArgument,
+            times: None,
+        },
+    );
+    let d = test_dispatcher::build(&db.pool, publisher, test_dispatcher::config()).await;
+    drain(&d).await;
+    let first: i64 = count(&db.pool, "SELECT id FROM pubsub_outbox_dead_letter").await;
+    json(
+        &db,
+        &[
+            "dead-letters",
+            "replay",
+            &first.to_string(),
+            "--reason",
+            "try again",
+            "--json",
+        ],
+    );
+    let (code, _, err) = dispatcher(&db, &["dead-letters", "show", &first.to_string()]);
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains("replayed by alice") && err.contains("waits in the outbox"),
+        "{err}"
+    );
+    drain(&d).await;
+    let second: i64 = count(&db.pool, "SELECT id FROM pubsub_outbox_dead_letter").await;
+    assert_ne!(first, second, "refused again: a new dead letter");
+    let (code, _, err) = dispatcher(&db, &["dead-letters", "show", &first.to_string()]);
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains(&format!("it is dead letter {second} now")),
+        "the gone id points at the new one: {err}"
+    );
+}
