@@ -21,17 +21,7 @@ fn now() -> DateTime<Utc> {
 }
 
 fn msg(id: i64, topic: &str, key: Option<&str>, attempts: i32) -> ClaimedMessage {
-    ClaimedMessage {
-        id,
-        topic: topic.to_owned(),
-        ordering_key: key.map(str::to_owned),
-        dedupe_key: format!("d{id}"),
-        payload: bytes::Bytes::new(),
-        attributes: Default::default(),
-        trace_context: None,
-        attempts,
-        created_at: now(),
-    }
+    crate::test_support::message(id, topic, key, attempts)
 }
 
 fn schedule() -> RetrySchedule {

@@ -47,6 +47,8 @@ mod schema;
 pub mod service;
 mod storm;
 mod tasks;
+#[cfg(test)]
+mod test_support;
 mod trace;
 pub mod transport;
 mod wire;

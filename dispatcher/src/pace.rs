@@ -153,17 +153,7 @@ mod tests {
     use crate::classify::PublishFailure;
 
     fn msg(id: i64, topic: &str) -> ClaimedMessage {
-        ClaimedMessage {
-            id,
-            topic: topic.to_owned(),
-            ordering_key: None,
-            dedupe_key: format!("d{id}"),
-            payload: bytes::Bytes::new(),
-            attributes: Default::default(),
-            trace_context: None,
-            attempts: 0,
-            created_at: chrono::Utc::now(),
-        }
+        crate::test_support::message(id, topic, None, 0)
     }
 
     fn throttled() -> Attempt {

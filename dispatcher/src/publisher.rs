@@ -423,17 +423,7 @@ mod tests {
     use super::*;
 
     fn msg(id: i64, key: Option<&str>) -> ClaimedMessage {
-        ClaimedMessage {
-            id,
-            topic: "projects/p/topics/t".to_owned(),
-            ordering_key: key.map(str::to_owned),
-            dedupe_key: format!("d{id}"),
-            payload: bytes::Bytes::new(),
-            attributes: Default::default(),
-            trace_context: None,
-            attempts: 0,
-            created_at: chrono::Utc::now(),
-        }
+        crate::test_support::message(id, "projects/p/topics/t", key, 0)
     }
 
     fn sized(id: i64, key: Option<&str>, bytes: usize) -> ClaimedMessage {

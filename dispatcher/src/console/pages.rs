@@ -426,7 +426,7 @@ pub async fn dead_letters(
         Ok(_) => Vec::new(),
         Err(e) => return problem(StatusCode::BAD_REQUEST, &who, &e),
     };
-    let mut body = filter_form(&q);
+    let mut body = filter_form("/dead-letters", FILTERS, &q, "");
     body.push_str(&c.dead_letter_rows(&entries));
     if let Some(last) = entries.last().map(|e| text(e, "id")) {
         let mut more: Vec<String> = FILTERS
@@ -445,9 +445,10 @@ pub async fn dead_letters(
     page("Dead letters", &who, Section::DeadLetters, None, &body)
 }
 
-/// The dead-letter list's filter form, filled from `q`.
-fn filter_form(q: &Fields) -> String {
-    let inputs: String = FILTERS
+/// A list's filter form (a text field per filter of `filters`, filled from `q`, and `extra`),
+/// that GETs `path`.
+pub(super) fn filter_form(path: &str, filters: &[(&str, &str)], q: &Fields, extra: &str) -> String {
+    let inputs: String = filters
         .iter()
         .map(|(field, _)| {
             format!(
@@ -458,7 +459,7 @@ fn filter_form(q: &Fields) -> String {
         })
         .collect();
     format!(
-        "<form method=\"get\" action=\"/dead-letters\" id=\"filter\">{inputs}\
+        "<form method=\"get\" action=\"{path}\" id=\"filter\">{inputs}{extra}\
          <button type=\"submit\">Filter</button></form>"
     )
 }
@@ -506,22 +507,50 @@ impl Console {
 
     /// Replay or discard of the ticked entries or of the whole filter `q`.
     fn list_action_form(&self, who: &str, q: &Fields) -> String {
-        let hidden: String = FILTERS
+        self.act_form(
+            who,
+            q,
+            FILTERS,
+            "entries",
+            &[("replay", "Replay…"), ("discard", "Discard…")],
+        )
+    }
+
+    /// A list's actions: `buttons` (action, label) on the ticked `items` or on every one the
+    /// filter `q` (of `filters`) matches, posted to the preview.
+    pub(super) fn act_form(
+        &self,
+        who: &str,
+        q: &Fields,
+        filters: &[(&str, &str)],
+        items: &str,
+        buttons: &[(&str, &str)],
+    ) -> String {
+        let hidden: String = filters
             .iter()
-            .filter_map(|(f, _)| {
-                q.get(*f)
+            .map(|(f, _)| *f)
+            .chain(["waiting"])
+            .filter_map(|f| {
+                q.get(f)
                     .map(|v| format!("<input type=\"hidden\" name=\"{f}\" value=\"{}\">", esc(v)))
             })
             .collect();
+        let buttons: Vec<String> = buttons
+            .iter()
+            .map(|(action, label)| {
+                format!(
+                    "<button type=\"submit\" name=\"action\" value=\"{action}\">{label}</button>"
+                )
+            })
+            .collect();
         format!(
-            "<fieldset><legend>Act on the ticked entries, or on every entry the filter matches</legend>\
+            "<fieldset><legend>Act on the ticked {items}, or on every one the filter matches</legend>\
              <form id=\"act\" method=\"post\" action=\"/actions/preview\">{}{hidden}\
-             <label><input type=\"radio\" name=\"scope\" value=\"ids\" checked> ticked entries</label> \
+             <label><input type=\"radio\" name=\"scope\" value=\"ids\" checked> ticked {items}</label> \
              <label><input type=\"radio\" name=\"scope\" value=\"filter\"> the whole filter</label><br>\
-             <button type=\"submit\" name=\"action\" value=\"replay\">Replay…</button> \
-             <button type=\"submit\" name=\"action\" value=\"discard\">Discard…</button>\
-             </form></fieldset>",
-            self.csrf_field(who)
+             {}</form></fieldset>",
+            self.csrf_field(who),
+            buttons.join(" ")
         )
     }
 }

@@ -50,7 +50,12 @@ pub async fn page_of(
         Ok(_) => Vec::new(),
         Err(e) => return problem(StatusCode::BAD_REQUEST, &who, &e),
     };
-    let mut body = filter_form(&q, waiting);
+    let waiting_box = format!(
+        "<label><input type=\"checkbox\" name=\"waiting\" value=\"yes\"{}> waiting for a retry \
+         only</label> ",
+        if waiting { " checked" } else { "" }
+    );
+    let mut body = super::pages::filter_form("/pending", FILTERS, &q, &waiting_box);
     body.push_str(&c.pending_rows(&rows));
     if rows.len() == 50
         && let Some(last) = rows.last().map(|r| text(r, "id"))
@@ -69,28 +74,15 @@ pub async fn page_of(
         ));
     }
     if c.actions {
-        body.push_str(&c.pending_action_form(&who, &q, waiting));
+        body.push_str(&c.act_form(
+            &who,
+            &q,
+            FILTERS,
+            "messages",
+            &[("retry-now", "Retry now…"), ("cancel", "Cancel…")],
+        ));
     }
     page("Pending messages", &who, Section::Pending, None, &body)
-}
-
-fn filter_form(q: &Fields, waiting: bool) -> String {
-    let inputs: String = FILTERS
-        .iter()
-        .map(|(field, _)| {
-            format!(
-                "<label>{} <input type=\"text\" name=\"{field}\" value=\"{}\"></label> ",
-                field.replace('_', " "),
-                esc(q.get(*field).map_or("", String::as_str))
-            )
-        })
-        .collect();
-    format!(
-        "<form method=\"get\" action=\"/pending\" id=\"filter\">{inputs}\
-         <label><input type=\"checkbox\" name=\"waiting\" value=\"yes\"{}> waiting for a retry \
-         only</label> <button type=\"submit\">Filter</button></form>",
-        if waiting { " checked" } else { "" }
-    )
 }
 
 impl Console {
@@ -132,30 +124,6 @@ impl Console {
             "Last error",
         ]);
         table("pending", &head, &body)
-    }
-
-    /// Cancel or retry-now of the ticked messages or of the whole filter `q`.
-    fn pending_action_form(&self, who: &str, q: &Fields, waiting: bool) -> String {
-        let mut hidden: String = FILTERS
-            .iter()
-            .filter_map(|(f, _)| {
-                q.get(*f)
-                    .map(|v| format!("<input type=\"hidden\" name=\"{f}\" value=\"{}\">", esc(v)))
-            })
-            .collect();
-        if waiting {
-            hidden.push_str("<input type=\"hidden\" name=\"waiting\" value=\"yes\">");
-        }
-        format!(
-            "<fieldset><legend>Act on the ticked messages, or on every message the filter matches</legend>\
-             <form id=\"act\" method=\"post\" action=\"/actions/preview\">{}{hidden}\
-             <label><input type=\"radio\" name=\"scope\" value=\"ids\" checked> ticked messages</label> \
-             <label><input type=\"radio\" name=\"scope\" value=\"filter\"> the whole filter</label><br>\
-             <button type=\"submit\" name=\"action\" value=\"retry-now\">Retry now…</button> \
-             <button type=\"submit\" name=\"action\" value=\"cancel\">Cancel…</button>\
-             </form></fieldset>",
-            self.csrf_field(who)
-        )
     }
 
     /// A cancel's or a retry-now's dry run: what it would change (exactly the ids), what it

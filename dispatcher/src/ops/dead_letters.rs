@@ -22,7 +22,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use super::blocked::BlockedArgs;
-use super::{ProjectArg, Unknown, Wake, known_topic};
+use super::{ProjectArg, Unknown, Wake, known_topic, merge_keys, refuse_unknown_ids};
 use crate::config::SkipDeadLetters;
 
 /// The dead-letter commands.
@@ -601,19 +601,13 @@ async fn change(plan: Plan, pool: &PgPool) -> Result<Output, OpsError> {
                 .iter()
                 .map(|d| d.id)
                 .collect();
-            let unknown: Vec<i64> = plan
-                .ids
-                .iter()
-                .copied()
-                .filter(|id| !found.contains(id))
-                .collect();
-            if !unknown.is_empty() {
-                return Err(OpsError::Usage(format!(
-                    "no dead letter with id(s) {unknown:?} (replayed or discarded already, or a \
-                     typo: dispatcher dead-letters list shows the ids); nothing was {}ed",
-                    plan.action
-                )));
-            }
+            refuse_unknown_ids(
+                &plan.ids,
+                &found,
+                "dead letter",
+                "replayed or discarded already, or a typo: dispatcher dead-letters list shows the \
+                 ids",
+            )?;
         }
         conn.rollback().await?;
     }
@@ -696,11 +690,10 @@ async fn change_page(
         .filter(|(id, _, _)| done.contains(id))
         .map(|(_, topic, key)| (topic, key))
         .collect();
-    for key in pending::keys_after(&mut tx, &keys, &plan.skip_topics).await? {
-        if !report.keys.contains(&key) {
-            report.keys.push(key);
-        }
-    }
+    merge_keys(
+        &mut report.keys,
+        pending::keys_after(&mut tx, &keys, &plan.skip_topics).await?,
+    );
     report
         .skipped
         .extend(page.iter().filter(|id| !done.contains(id)));

@@ -208,6 +208,40 @@ pub fn did_you_mean(given: &str, known: &[String]) -> String {
     }
 }
 
+/// Refuses a change by ids when one of `given` is not among `found` (what the selection's table
+/// holds): the whole command, with exit 2, before anything changes; `what` names what an id
+/// should have been ("dead letter"), `hint` why one may be missing and how to list them.
+pub fn refuse_unknown_ids(
+    given: &[i64],
+    found: &[i64],
+    what: &str,
+    hint: &str,
+) -> Result<(), OpsError> {
+    let unknown: Vec<i64> = given
+        .iter()
+        .copied()
+        .filter(|id| !found.contains(id))
+        .collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    Err(OpsError::Usage(format!(
+        "no {what} with id(s) {unknown:?} ({hint}); nothing was changed"
+    )))
+}
+
+/// Adds each of `keys` to `into` once (a change's batches may touch one key twice).
+pub fn merge_keys(
+    into: &mut Vec<outbox_shared::store::pending::KeyAfter>,
+    keys: Vec<outbox_shared::store::pending::KeyAfter>,
+) {
+    for key in keys {
+        if !into.contains(&key) {
+            into.push(key);
+        }
+    }
+}
+
 /// The channel the dispatchers LISTEN on: a change that makes rows claimable notifies it.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Wake {

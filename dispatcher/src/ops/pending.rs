@@ -26,7 +26,7 @@ use outbox_shared::store::pending::{self, Changed, KeyAfter, Pending, Selection}
 use serde::Serialize;
 use sqlx::PgPool;
 
-use super::{ProjectArg, Unknown, Wake, known_topic};
+use super::{ProjectArg, Unknown, Wake, known_topic, merge_keys, refuse_unknown_ids};
 use crate::config::SkipDeadLetters;
 
 /// The pending-message commands.
@@ -394,18 +394,13 @@ async fn change(plan: Plan, pool: &PgPool) -> Result<Output, OpsError> {
                 .iter()
                 .map(|r| r.id)
                 .collect();
-            let unknown: Vec<i64> = plan
-                .ids
-                .iter()
-                .copied()
-                .filter(|id| !found.contains(id))
-                .collect();
-            if !unknown.is_empty() {
-                return Err(OpsError::Usage(format!(
-                    "no unpublished message with id(s) {unknown:?} (published already, cancelled, \
-                     or never written: dispatcher pending list shows the ids); nothing was changed"
-                )));
-            }
+            refuse_unknown_ids(
+                &plan.ids,
+                &found,
+                "unpublished message",
+                "published already, cancelled, or never written: dispatcher pending list shows \
+                 the ids",
+            )?;
         }
         conn.rollback().await?;
     }
@@ -477,11 +472,10 @@ async fn change_page(
             .filter(|r| changed.ids.contains(&r.id))
             .filter_map(|r| r.ordering_key.clone().map(|k| (r.topic.clone(), k)))
             .collect();
-        for key in pending::keys_after(&mut tx, &keys, &plan.skip_topics).await? {
-            if !report.keys.contains(&key) {
-                report.keys.push(key);
-            }
-        }
+        merge_keys(
+            &mut report.keys,
+            pending::keys_after(&mut tx, &keys, &plan.skip_topics).await?,
+        );
     }
     if !changed.ids.is_empty() && !plan.dry_run {
         let entry = Action {

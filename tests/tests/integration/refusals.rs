@@ -68,6 +68,15 @@ async fn published_between(db: &TestDb, topic: &str) -> (DateTime<Utc>, DateTime
     )
 }
 
+/// Rows published before `at` (rows are kept, marked).
+async fn published_before(db: &TestDb, at: DateTime<Utc>) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM pubsub_outbox WHERE published_at < $1")
+        .bind(at)
+        .fetch_one(&db.pool)
+        .await
+        .expect("count the rows published")
+}
+
 /// Waits until every row of `topic` is published (rows are kept, marked).
 async fn topic_published(db: &TestDb, topic: &str, limit: Duration) {
     wait_until(&format!("{topic} is published"), limit, || async {
@@ -375,14 +384,7 @@ async fn quota_refusals_slow_the_topic_down_and_charge_no_attempt() {
     );
     delivered(&[(&topic, &sent)]).await;
 
-    let during = count(
-        &db.pool,
-        &format!(
-            "SELECT count(*) FROM pubsub_outbox WHERE published_at < '{}'",
-            fixed_at.to_rfc3339()
-        ),
-    )
-    .await;
+    let during = published_before(&db, fixed_at).await;
     let (_, last) = published_between(&db, &topic.topic).await;
     let tail = (last - fixed_at).num_milliseconds().max(0) as f64 / 1000.0;
     eprintln!(
@@ -432,14 +434,7 @@ async fn a_throughput_quota_below_the_write_rate_is_met_by_slowing_down_without_
         "no attempt charged, nothing dead-lettered"
     );
     delivered(&[(&topic, &sent)]).await;
-    let during = count(
-        &db.pool,
-        &format!(
-            "SELECT count(*) FROM pubsub_outbox WHERE published_at < '{}'",
-            fixed_at.to_rfc3339()
-        ),
-    )
-    .await;
+    let during = published_before(&db, fixed_at).await;
     let publishes = front.recorder.publishes();
     let refused = publishes.iter().filter(|c| c.refused.is_some()).count();
     let (_, last) = published_between(&db, &topic.topic).await;
