@@ -60,12 +60,15 @@ pub async fn topics(
                     CASE WHEN o.ordering_key IS NULL THEN o.next_attempt_at
                          ELSE max(o.next_attempt_at) OVER (
                              PARTITION BY o.topic, o.ordering_key ORDER BY o.id) END AS due_at,
-                    o.ordering_key IS NOT NULL AND NOT (o.topic = ANY($2)) AND EXISTS (
-                        SELECT 1 FROM pubsub_outbox_dead_letter d
-                        WHERE d.topic = o.topic AND d.ordering_key = o.ordering_key
-                          AND d.error_kind <> 'cancelled'
-                          AND COALESCE(d.outbox_id, 0) < o.id) AS blocked
-             FROM pubsub_outbox o WHERE o.published_at IS NULL
+                    COALESCE(b.first_id < o.id, false) AS blocked
+             FROM pubsub_outbox o
+             LEFT JOIN (SELECT d.topic, d.ordering_key, min(COALESCE(d.outbox_id, 0)) AS first_id
+                        FROM pubsub_outbox_dead_letter d
+                        WHERE d.ordering_key IS NOT NULL AND d.error_kind <> 'cancelled'
+                          AND NOT (d.topic = ANY($2))
+                        GROUP BY d.topic, d.ordering_key) b
+               ON b.topic = o.topic AND b.ordering_key = o.ordering_key
+             WHERE o.published_at IS NULL
          ), q AS (
              SELECT topic,
                     count(*) FILTER (WHERE due_at <= $1 AND NOT blocked) AS due_free,
