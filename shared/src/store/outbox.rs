@@ -333,34 +333,37 @@ pub async fn backlog_by_topic(
     q: &BacklogQuery<'_>,
 ) -> Result<Vec<TopicBacklog>> {
     // A row is held back by a dead letter of its key placed before it (`stop`: the key's first
-    // blocking position, none: all of it; a cancelled one blocks nothing). The stops come from
-    // one pass over the dead letters (few rows), hash-joined, not a probe per outbox row; the
-    // heads from one aggregate over the rows read, joined back for their due time.
+    // blocking position, none: all of it; a cancelled one blocks nothing), and a keyed row waits
+    // while its key's head (its lowest unpublished id) is not due. Both come per key from one
+    // aggregate over the keyed rows (the dead letters' stops, few rows, hash-joined into it),
+    // hash-joined back: no probe per outbox row, no sort, no materialized copy of the rows read.
+    // Each of the two scans reads at most `cap` rows.
     let rows: Vec<(String, i64, Option<f64>, Option<f64>)> = sqlx::query_as(
-        "WITH s AS MATERIALIZED (
-             SELECT id, topic, ordering_key, created_at, next_attempt_at FROM pubsub_outbox
-             WHERE published_at IS NULL AND ($2::text[] IS NULL OR topic = ANY($2))
-             LIMIT $3
-         ), heads AS (
-             SELECT k.topic, k.ordering_key, h.next_attempt_at AS head_due
-             FROM (SELECT topic, ordering_key, min(id) AS head FROM s
-                   WHERE ordering_key IS NOT NULL GROUP BY topic, ordering_key) k
-             JOIN s h ON h.id = k.head
-         )
-         SELECT s.topic, count(*),
+        "SELECT s.topic, count(*),
                 EXTRACT(EPOCH FROM ($1 - min(s.created_at) FILTER (WHERE s.next_attempt_at <= $1)))::float8,
                 EXTRACT(EPOCH FROM ($1 - min(s.created_at) FILTER (
                     WHERE s.next_attempt_at <= $1 AND NOT (s.topic = ANY($4))
                       AND (s.ordering_key IS NULL
-                           OR (hd.head_due <= $1
-                               AND (s.topic = ANY($5) OR b.stop IS NULL OR s.id < b.stop))))))::float8
-         FROM s
-         LEFT JOIN heads hd ON hd.topic = s.topic AND hd.ordering_key = s.ordering_key
-         LEFT JOIN (SELECT d.topic, d.ordering_key, min(COALESCE(d.outbox_id, 0)) AS stop
-                    FROM pubsub_outbox_dead_letter d
-                    WHERE d.ordering_key IS NOT NULL AND d.error_kind <> 'cancelled'
-                    GROUP BY d.topic, d.ordering_key) b
-                ON b.topic = s.topic AND b.ordering_key = s.ordering_key
+                           OR (k.head_due AND (s.topic = ANY($5) OR k.stop IS NULL
+                                               OR s.id < k.stop))))))::float8
+         FROM (SELECT id, topic, ordering_key, created_at, next_attempt_at FROM pubsub_outbox
+               WHERE published_at IS NULL AND ($2::text[] IS NULL OR topic = ANY($2))
+               LIMIT $3) s
+         LEFT JOIN (
+             SELECT o.topic, o.ordering_key,
+                    min(o.id) = min(o.id) FILTER (WHERE o.next_attempt_at <= $1) AS head_due,
+                    min(b.stop) AS stop
+             FROM (SELECT id, topic, ordering_key, next_attempt_at FROM pubsub_outbox
+                   WHERE published_at IS NULL AND ordering_key IS NOT NULL
+                     AND ($2::text[] IS NULL OR topic = ANY($2))
+                   LIMIT $3) o
+             LEFT JOIN (SELECT d.topic, d.ordering_key, min(COALESCE(d.outbox_id, 0)) AS stop
+                        FROM pubsub_outbox_dead_letter d
+                        WHERE d.ordering_key IS NOT NULL AND d.error_kind <> 'cancelled'
+                        GROUP BY d.topic, d.ordering_key) b
+               ON b.topic = o.topic AND b.ordering_key = o.ordering_key
+             GROUP BY o.topic, o.ordering_key) k
+           ON k.topic = s.topic AND k.ordering_key = s.ordering_key
          GROUP BY s.topic",
     )
     .persistent(crate::store::named_statements())
