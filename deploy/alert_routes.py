@@ -130,7 +130,7 @@ def rule_problems(rules: list, operating: str) -> list[str]:
 def evaluate(module_dir: Path, rules_file: Path, expression: str):
     """An expression of the module, evaluated offline by Terraform itself."""
     args = ["terraform", f"-chdir={module_dir}", "console", f"-var=rules_file={rules_file}"]
-    args += [f"-var={k}={v}" for k, v in SCOPE.items()]
+    args += [f"-var={k}={v}" for k, v in SCOPE.items()] + ["-var=enabled=true"]
     env = dict(os.environ, TF_CLI_CONFIG_FILE=os.devnull, TF_IN_AUTOMATION="1")
     run = subprocess.run(args, input=f"base64encode(jsonencode({expression}))\n", text=True,
                          capture_output=True, env=env, timeout=120)

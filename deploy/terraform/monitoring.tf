@@ -13,6 +13,8 @@ module "dispatcher_alerts" {
   project_id = local.gke_project_id
   cluster    = var.gke_cluster_name
   namespace  = var.gke_namespace
+  # Off for the first apply (release.auto.tfvars): no policy exists until the dispatcher runs.
+  enabled = var.alerts_enabled
 }
 
 # The alerts labelled `severity: page`, each a policy that notifies alert_notification_channels:
@@ -86,28 +88,62 @@ resource "google_monitoring_alert_policy" "dispatcher_warning" {
 
 # ---- the producer and the database ---------------------------------------------------------------
 
-# Any failed execution: a task exhausted its retries (exit 1: a stream failed, the next tick
-# resumes from its watermark) or the configuration is invalid (exit 2: every tick fails until it
-# is fixed). Either way someone should read the job's logs.
+# One failed execution is a warning: a task exhausted its retries (exit 1: a stream failed, and
+# the next tick resumes from its watermark) or the configuration is invalid (exit 2). The next
+# tick shows which: a second failure pages (producer_failing, below).
 resource "google_monitoring_alert_policy" "producer_failed" {
+  count = var.alerts_enabled ? 1 : 0
+
   display_name = "pubsub-outbox producer execution failed (${google_cloud_run_v2_job.producer.name})"
   combiner     = "OR"
-  severity     = "ERROR"
+  severity     = "WARNING"
 
   conditions {
-    display_name = "failed executions of ${google_cloud_run_v2_job.producer.name}"
+    display_name = "a failed execution of ${google_cloud_run_v2_job.producer.name}"
     condition_threshold {
-      filter = join(" AND ", [
-        "resource.type = \"cloud_run_job\"",
-        "resource.labels.job_name = \"${google_cloud_run_v2_job.producer.name}\"",
-        "metric.type = \"run.googleapis.com/job/completed_execution_count\"",
-        "metric.labels.result = \"failed\"",
-      ])
+      filter          = local.producer_executions_failed
       comparison      = "COMPARISON_GT"
       threshold_value = 0
       duration        = "0s"
       aggregations {
         alignment_period     = "300s"
+        per_series_aligner   = "ALIGN_DELTA"
+        cross_series_reducer = "REDUCE_SUM"
+      }
+      trigger {
+        count = 1
+      }
+    }
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    content   = local.producer_alert_documentation
+  }
+
+  notification_channels = var.alert_warning_notification_channels
+  depends_on            = [google_project_service.enabled]
+}
+
+# What pages: repeated failures, or no success at all.
+resource "google_monitoring_alert_policy" "producer_failing" {
+  count = var.alerts_enabled ? 1 : 0
+
+  display_name = "pubsub-outbox producer failing (${google_cloud_run_v2_job.producer.name})"
+  combiner     = "OR"
+  severity     = "ERROR"
+
+  # Two failed executions within 45 minutes (three ticks of the default 15-minute schedule): the
+  # tick after a failure failed too, so it is not resuming by itself.
+  conditions {
+    display_name = "2 failed executions of ${google_cloud_run_v2_job.producer.name} within 45m"
+    condition_threshold {
+      filter          = local.producer_executions_failed
+      comparison      = "COMPARISON_GT"
+      threshold_value = 1
+      duration        = "0s"
+      aggregations {
+        alignment_period     = "2700s"
         per_series_aligner   = "ALIGN_DELTA"
         cross_series_reducer = "REDUCE_SUM"
       }
@@ -142,13 +178,7 @@ resource "google_monitoring_alert_policy" "producer_failed" {
 
   documentation {
     mime_type = "text/markdown"
-    content   = <<-EOT
-      The pubsub-outbox producer job failed or has not succeeded for an hour. Read its logs
-      (`gcloud run jobs executions list --job ${google_cloud_run_v2_job.producer.name} --region ${var.region}`),
-      and the per-stream rows in `producer_run` (outcome, error). Exit 1: a stream failed and the
-      next tick resumes from its watermark. Exit 2: the streams file is invalid; every tick fails
-      until it is fixed. A paused schedule (producer_schedule_paused) also fires the absence rule.
-    EOT
+    content   = local.producer_alert_documentation
   }
 
   notification_channels = var.alert_notification_channels
@@ -163,10 +193,29 @@ resource "google_monitoring_alert_policy" "producer_failed" {
   }
 }
 
+locals {
+  producer_executions_failed = join(" AND ", [
+    "resource.type = \"cloud_run_job\"",
+    "resource.labels.job_name = \"${google_cloud_run_v2_job.producer.name}\"",
+    "metric.type = \"run.googleapis.com/job/completed_execution_count\"",
+    "metric.labels.result = \"failed\"",
+  ])
+  producer_alert_documentation = <<-EOT
+    The pubsub-outbox producer job failed, or has not succeeded for an hour. Read its logs
+    (`gcloud run jobs executions list --job ${google_cloud_run_v2_job.producer.name} --region ${var.region}`),
+    and the per-stream rows in `producer_run` (outcome, error). Exit 1: a stream failed and the
+    next tick resumes from its watermark (one failure is a warning; a second within 45 minutes
+    pages). Exit 2: the streams file is invalid; every tick fails until it is fixed. A paused
+    schedule (producer_schedule_paused in release.auto.tfvars) fires the absence rule.
+  EOT
+}
+
 # The database under the queue: transaction-ID use climbing means vacuum cannot freeze (a
 # long-held snapshot or a stuck replication slot pins the horizon: the outbox bloats first, then
 # wraparound protection stops writes); a full disk or exhausted connections stop every writer.
 resource "google_monitoring_alert_policy" "cloudsql_health" {
+  count = var.alerts_enabled ? 1 : 0
+
   display_name = "pubsub-outbox database health (${google_sql_database_instance.outbox.name})"
   combiner     = "OR"
   severity     = "CRITICAL"
@@ -239,6 +288,14 @@ resource "google_monitoring_alert_policy" "cloudsql_health" {
 
   notification_channels = var.alert_notification_channels
   depends_on            = [google_project_service.enabled]
+
+  lifecycle {
+    # An alert nobody receives is a silent outage: name a channel, or say so.
+    precondition {
+      condition     = length(var.alert_notification_channels) > 0 || var.allow_alerts_without_notification
+      error_message = "alert_notification_channels is empty: the database alerts would reach nobody. Give at least one notification channel id (projects/P/notificationChannels/N), or set allow_alerts_without_notification = true."
+    }
+  }
 }
 
 # The producer's watermark lag per stream, from its "Stream summary." log line

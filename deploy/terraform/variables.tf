@@ -223,17 +223,6 @@ variable "gke_operator_service_account" {
   default     = "outbox-operator"
 }
 
-variable "cloud_sql_proxy_image" {
-  description = "Cloud SQL Auth Proxy image of the producer job's sidecar, by digest (tag@sha256:…; the same as deploy/k8s)."
-  type        = string
-  default     = "gcr.io/cloud-sql-connectors/cloud-sql-proxy:2.18.2@sha256:fc224915ef435afeb5b2a9421260a0d31986d5c8b7c7f5783c7f5d5885700cd2"
-
-  validation {
-    condition     = can(regex("@sha256:[0-9a-f]{64}$", var.cloud_sql_proxy_image))
-    error_message = "cloud_sql_proxy_image must name a digest (…/cloud-sql-proxy:TAG@sha256:<64 hex>)."
-  }
-}
-
 # ---- operators (people) -------------------------------------------------------------------------
 
 variable "operators" {
@@ -294,16 +283,6 @@ variable "bigquery_datasets" {
 
 # ---- the producer job ---------------------------------------------------------------------------
 
-variable "producer_image" {
-  description = "Producer image (deploy/docker/Dockerfile, --target producer) by digest: REPO/producer@sha256:…"
-  type        = string
-
-  validation {
-    condition     = can(regex("@sha256:[0-9a-f]{64}$", var.producer_image))
-    error_message = "producer_image must name a digest (REPO/producer@sha256:<64 hex>): a tag can move under a running schedule."
-  }
-}
-
 variable "producer_config_file" {
   description = "Path of the streams file (TOML) stored in Secret Manager and mounted into the job."
   type        = string
@@ -320,12 +299,6 @@ variable "producer_time_zone" {
   description = "Time zone of producer_schedule."
   type        = string
   default     = "Etc/UTC"
-}
-
-variable "producer_schedule_paused" {
-  description = "Pause the schedule (the job can still be run by hand)."
-  type        = bool
-  default     = false
 }
 
 variable "producer_task_count" {
@@ -454,6 +427,46 @@ variable "gke_console_service_account" {
   description = "Kubernetes service account of the console (deploy/k8s/console/serviceaccount.yaml)."
   type        = string
   default     = "outbox-console"
+}
+
+# ---- the release (release.auto.tfvars) ----------------------------------------------------------
+# The variables a release changes have no default and are set in release.auto.tfvars, committed,
+# which every plan and apply reads: never with -var, or the next apply without it puts the old value
+# back (deploy/check refuses a document step that does).
+
+variable "producer_image" {
+  description = "Producer image (deploy/docker/Dockerfile, --target producer) by digest: REPO/producer@sha256:… (release.auto.tfvars)."
+  type        = string
+
+  validation {
+    condition     = can(regex("@sha256:[0-9a-f]{64}$", var.producer_image))
+    error_message = "producer_image must name a digest (REPO/producer@sha256:<64 hex>): a tag can move under a running schedule."
+  }
+}
+
+variable "producer_schedule_paused" {
+  description = "Pause the schedule (the job can still be run by hand). true until the first migration has run (release.auto.tfvars)."
+  type        = bool
+}
+
+variable "alerts_enabled" {
+  description = <<-EOT
+    Make the alert policies (the dispatcher's, the producer's, the database's). false for the first
+    apply: the dispatcher is not rolled out and the schema does not exist, so OutboxDispatcherAbsent
+    and the producer would page for nothing; true once the dispatcher runs and the producer's
+    schedule is on (deploy/README.md, section 4). In release.auto.tfvars.
+  EOT
+  type        = bool
+}
+
+variable "cloud_sql_proxy_image" {
+  description = "Cloud SQL Auth Proxy image of the producer job's sidecar, by digest (tag@sha256:…; the same as deploy/k8s, deploy/check compares them). In release.auto.tfvars."
+  type        = string
+
+  validation {
+    condition     = can(regex("@sha256:[0-9a-f]{64}$", var.cloud_sql_proxy_image))
+    error_message = "cloud_sql_proxy_image must name a digest (…/cloud-sql-proxy:TAG@sha256:<64 hex>)."
+  }
 }
 
 # ---- derived ------------------------------------------------------------------------------------

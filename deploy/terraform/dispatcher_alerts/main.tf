@@ -28,6 +28,11 @@ variable "namespace" {
   type        = string
 }
 
+variable "enabled" {
+  description = "Give the alerts (var.alerts_enabled of the root): false, both outputs are empty and no policy is made."
+  type        = bool
+}
+
 locals {
   # The PodMonitoring's name (deploy/k8s/podmonitoring.yaml) is the series' job label.
   job_matcher    = "job=\"pubsub-outbox-dispatcher\""
@@ -57,8 +62,8 @@ locals {
     }
   ]...)
   # The outputs (locals too, so that deploy/check can read them with `terraform console`).
-  page    = { for name, a in local.alerts : name => a if a.severity == "page" }
-  warning = { for name, a in local.alerts : name => a if a.severity == "warning" }
+  page    = { for name, a in local.alerts : name => a if a.severity == "page" && var.enabled }
+  warning = { for name, a in local.alerts : name => a if a.severity == "warning" && var.enabled }
 }
 
 output "page" {
