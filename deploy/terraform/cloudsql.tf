@@ -174,9 +174,18 @@ resource "google_sql_database_instance" "outbox" {
   ]
 }
 
+# The outbox's rows and the producer's watermarks. Renaming db_name would replace it, an empty one
+# in its place: prevent_destroy refuses such a plan (and a destroy), and ABANDON leaves the
+# database in the instance if it is ever taken out of the state. To really remove it: `terraform
+# state rm google_sql_database.outbox`, then `gcloud sql databases delete` (deploy/README.md).
 resource "google_sql_database" "outbox" {
-  name     = var.db_name
-  instance = google_sql_database_instance.outbox.name
+  name            = var.db_name
+  instance        = google_sql_database_instance.outbox.name
+  deletion_policy = "ABANDON"
+
+  lifecycle {
+    prevent_destroy = true
+  }
 }
 
 # One IAM database user per workload (dispatcher, migrate, producer, the in-cluster operator); no

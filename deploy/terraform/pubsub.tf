@@ -17,6 +17,13 @@ resource "google_pubsub_topic" "outbox" {
   }
 
   depends_on = [google_project_service.enabled]
+
+  lifecycle {
+    # Removing a name from var.topics would delete the topic with its retained messages, and the
+    # rows still waiting for it would be held (the grant gone): refuse such a plan. To really
+    # remove one, deploy/README.md ("Removing a topic or the database").
+    prevent_destroy = true
+  }
 }
 
 # A starting point for consumers, not something the outbox needs. Every message carries the
