@@ -140,9 +140,10 @@ resource "google_cloud_run_v2_job" "producer" {
             path = "/startup"
             port = 9090
           }
-          period_seconds    = 1
+          # The provider's schema: timeout_seconds must be smaller than period_seconds. 60 s in all.
+          period_seconds    = 2
           timeout_seconds   = 1
-          failure_threshold = 60
+          failure_threshold = 30
         }
         resources {
           limits = {
