@@ -5,15 +5,20 @@ another's objects (the console including ../common, say), applying it writes tha
 objects back as this folder has them: placeholders over a live dispatcher's identity and
 configuration. So each object belongs to exactly one entry point:
 
-  common            the namespace, the default-deny policy, the proxy's instance name
+  common            the namespaces, their default-deny policies, the proxy's instance name, the
+                    admin Jobs' Role
   the root          the dispatcher (also rendered with the per-topic component: its alternative)
   migrate           the migration Job and its identity
   operator          the operator's identity and policy; operator/job the template of its Jobs
+  bootstrap         the bootstrap's identity and policy; bootstrap/job the template of its Job
   console           the console
 
 and no two renders contain the same kind, namespace and name. The console's IAP audience belongs
 to none: its ConfigMap is made once by hand, so no apply reverts it; the console's Deployment
-must read it from there (a required configMapKeyRef).
+must read it from there (a required configMapKeyRef). No entry point renders a Secret: the only
+one, the bootstrap's password, is made by bootstrap/run for one run and read by its Job through a
+required secretKeyRef. The admin Jobs (migrate, operator, bootstrap) run in the admin namespace,
+never in the dispatcher's.
 
 Usage: entry_points.py K8S_DIR               the check
        entry_points.py --self-test K8S_DIR   the check run on broken copies, each of which it must refuse
@@ -34,8 +39,13 @@ ENTRY_POINTS = {
     "migrate": ["migrate"],
     "operator": ["operator"],
     "operator job": ["operator/job"],
+    "bootstrap": ["bootstrap"],
+    "bootstrap job": ["bootstrap/job"],
     "console": ["console"],
 }
+ADMIN_NAMESPACE = "pubsub-outbox-admin"
+ADMIN_ENTRY_POINTS = ("migrate", "operator", "operator job", "bootstrap", "bootstrap job")
+BOOTSTRAP_SECRET = "pubsub-outbox-bootstrap"
 IAP_CONFIGMAP = "pubsub-outbox-console-iap"
 IAP_KEY = "OUTBOX_CONSOLE_IAP_AUDIENCE"
 
@@ -79,6 +89,27 @@ def iap_problems(console: list[dict]) -> list[str]:
     return problems
 
 
+def secret_problems(renders: dict[str, list[dict]]) -> list[str]:
+    problems = [f"{folder}: renders {key(d)}: a Secret in a kustomization is written by every apply"
+                for folder, docs in renders.items() for d in docs if d["kind"] == "Secret"]
+    refs = [e["valueFrom"]["secretKeyRef"]
+            for d in renders["bootstrap/job"] if d["kind"] == "Job"
+            for c in d["spec"]["template"]["spec"]["containers"]
+            for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})]
+    if not any(r["name"] == BOOTSTRAP_SECRET and r["key"] == "PGPASSWORD" and not r.get("optional", False)
+               for r in refs):
+        problems.append(f"bootstrap/job: the Job must read PGPASSWORD from Secret {BOOTSTRAP_SECRET} "
+                        "(secretKeyRef, not optional)")
+    return problems
+
+
+def namespace_problems(renders: dict[str, list[dict]]) -> list[str]:
+    return [f"{folder}: {key(d)} is outside {ADMIN_NAMESPACE}: who may create pods in the dispatcher's "
+            "namespace could run it"
+            for entry in ADMIN_ENTRY_POINTS for folder in ENTRY_POINTS[entry] for d in renders[folder]
+            if d["metadata"].get("namespace") != ADMIN_NAMESPACE]
+
+
 def check(k8s: Path) -> tuple[list[str], str]:
     owners: dict[str, set[str]] = {}
     renders = {}
@@ -93,8 +124,11 @@ def check(k8s: Path) -> tuple[list[str], str]:
                 for obj, entries in sorted(owners.items()) if len(entries) > 1]
     problems += [f"{folder}: renders nothing" for folder, docs in renders.items() if not docs]
     problems += iap_problems(renders["console"])
+    problems += secret_problems(renders)
+    problems += namespace_problems(renders)
     return problems, (f"{len(ENTRY_POINTS)} entry points, {len(owners)} objects, each applied by one "
-                      f"entry point; the console's IAP audience by none")
+                      f"entry point; the console's IAP audience and the bootstrap's password by none; "
+                      f"the admin Jobs in {ADMIN_NAMESPACE}")
 
 
 def self_test(k8s: Path) -> None:
@@ -106,7 +140,7 @@ def self_test(k8s: Path) -> None:
 
     def copy_in(file, folder):
         def edit(copy):
-            shutil.copy(copy / file, copy / folder / "copied.yaml")
+            shutil.copy(copy / file, copy / folder / "copied.yaml")  # file: relative to k8s/
             include(folder, "copied.yaml")(copy)
         return edit
 
@@ -116,12 +150,27 @@ def self_test(k8s: Path) -> None:
             f"data:\n  {IAP_KEY}: /projects/PROJECT_NUMBER/global/backendServices/SERVICE_ID\n")
         include("console", "iap.yaml")(copy)
 
+    def secret_in_bootstrap(copy):
+        (copy / "bootstrap/secret.yaml").write_text(
+            f"apiVersion: v1\nkind: Secret\nmetadata:\n  name: {BOOTSTRAP_SECRET}\n"
+            "stringData:\n  PGPASSWORD: hunter2\n")
+        include("bootstrap", "secret.yaml")(copy)
+
+    def migrate_in_dispatcher_namespace(copy):
+        path = copy / "migrate/kustomization.yaml"
+        path.write_text(path.read_text().replace(f"namespace: {ADMIN_NAMESPACE}", "namespace: pubsub-outbox"))
+
     cases = [
-        ("the console including ../common (as on 2847324)", include("console", "../common"), "Namespace -/pubsub-outbox"),
-        ("migrate including ../common (as on 2847324)", include("migrate", "../common"), "ConfigMap pubsub-outbox/cloud-sql-proxy"),
-        ("the operator with a copy of the dispatcher's identity", copy_in("serviceaccount.yaml", "operator"),
-         "ServiceAccount pubsub-outbox/pubsub-outbox-dispatcher"),
+        # Both namespaces in ../common: the console's or migrate's namespace transformer folds them
+        # into one, and kustomize refuses the render itself (which the check reports).
+        ("the console including ../common (as on 2847324)", include("console", "../common"), "ID conflict"),
+        ("migrate including ../common (as on 2847324)", include("migrate", "../common"), "ID conflict"),
+        ("the operator with a copy of the migration's identity", copy_in("migrate/serviceaccount.yaml", "operator"),
+         "ServiceAccount pubsub-outbox-admin/pubsub-outbox-migrate"),
         ("the IAP audience's ConfigMap in the console's kustomization", iap_in_kustomization, IAP_KEY),
+        ("the bootstrap's password as a Secret in its kustomization", secret_in_bootstrap, "renders Secret"),
+        ("the migration Job back in the dispatcher's namespace (as on 20ab8c0)", migrate_in_dispatcher_namespace,
+         "Job pubsub-outbox/pubsub-outbox-migrate is outside pubsub-outbox-admin"),
     ]
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -130,7 +179,10 @@ def self_test(k8s: Path) -> None:
             shutil.rmtree(copy, ignore_errors=True)
             shutil.copytree(k8s, copy)
             edit(copy)
-            problems, _ = check(copy)
+            try:
+                problems, _ = check(copy)
+            except SystemExit as refused:  # a render kustomize itself refuses
+                problems = [str(refused)]
             if not any(expected in p for p in problems):
                 failures.append(f"{what}: not refused with {expected!r} (got {problems or 'no problem'})")
     if failures:

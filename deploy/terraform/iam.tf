@@ -32,6 +32,15 @@ resource "google_service_account" "operator" {
   depends_on   = [google_project_service.enabled]
 }
 
+# The bootstrap Job's identity (deploy/k8s/bootstrap): its proxy opens the tunnel as this account,
+# and psql logs in as postgres with the password. cloudsql.client only (connect, get): no IAM
+# database user, no instanceUser, so the account itself can log in to nothing.
+resource "google_service_account" "bootstrap" {
+  account_id   = "${var.name_prefix}-bootstrap"
+  display_name = "pubsub-outbox bootstrap Job (GKE, Workload Identity; the proxy's tunnel only)"
+  depends_on   = [google_project_service.enabled]
+}
+
 resource "google_service_account" "scheduler" {
   account_id   = "${var.name_prefix}-scheduler"
   display_name = "pubsub-outbox scheduler (starts the producer job)"
@@ -131,6 +140,26 @@ resource "google_service_account_iam_member" "operator_workload_identity" {
   service_account_id = google_service_account.operator.name
   role               = "roles/iam.workloadIdentityUser"
   member             = local.operator_workload_identity_member
+}
+
+# ---- bootstrap (the administrator's Job) --------------------------------------------------------
+
+resource "google_project_iam_member" "bootstrap_cloudsql_client" {
+  project = var.project_id
+  role    = "roles/cloudsql.client"
+  member  = "serviceAccount:${google_service_account.bootstrap.email}"
+
+  condition {
+    title       = "only-${google_sql_database_instance.outbox.name}"
+    description = "Only the pubsub-outbox Cloud SQL instance."
+    expression  = "resource.type == 'sqladmin.googleapis.com/Instance' && resource.name == 'projects/${var.project_id}/instances/${google_sql_database_instance.outbox.name}'"
+  }
+}
+
+resource "google_service_account_iam_member" "bootstrap_workload_identity" {
+  service_account_id = google_service_account.bootstrap.name
+  role               = "roles/iam.workloadIdentityUser"
+  member             = local.bootstrap_workload_identity_member
 }
 
 # ---- producer -----------------------------------------------------------------------------------

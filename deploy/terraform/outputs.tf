@@ -58,6 +58,11 @@ output "console_address" {
   value       = one(google_compute_global_address.console[*].address)
 }
 
+output "bootstrap_service_account_email" {
+  description = "For the iam.gke.io/gcp-service-account annotation of the bootstrap Job's KSA (deploy/k8s/bootstrap/serviceaccount.yaml)."
+  value       = google_service_account.bootstrap.email
+}
+
 output "migrate_service_account_email" {
   description = "For the iam.gke.io/gcp-service-account annotation of the migration Job's KSA (deploy/k8s/migrate/serviceaccount.yaml)."
   value       = google_service_account.migrate.email
@@ -71,6 +76,15 @@ output "database_users" {
 output "database_urls" {
   description = "DATABASE_URL per workload, through a proxy on 127.0.0.1:5432. No password: not secret."
   value       = local.database_urls
+}
+
+output "database_bootstrap_job_command" {
+  description = "The same bootstrap runs as deploy/k8s/bootstrap/run lines: psql in a Job inside the VPC (deploy/README.md, section 4, step 3). Names only, no password."
+  value = join("", concat(
+    ["deploy/k8s/bootstrap/run migrator='${local.db_users["migrate"]}' dispatcher='${local.db_users["dispatcher"]}' producer='${local.db_users["producer"]}' operator='${local.db_users["operator"]}'\n"],
+    [for k, name in local.db_users : "deploy/k8s/bootstrap/run operator='${name}'\n" if k == "console"],
+    [for name in keys(google_sql_user.operator) : "deploy/k8s/bootstrap/run operator='${name}'\n"],
+  ))
 }
 
 locals {

@@ -206,6 +206,16 @@ variable "gke_namespace" {
   default     = "pubsub-outbox"
 }
 
+variable "gke_admin_namespace" {
+  description = <<-EOT
+    Namespace of the migration, operator and bootstrap Jobs (deploy/k8s/common/admin.yaml), apart
+    from the dispatcher's: whoever may create pods in a namespace may run them as any of its
+    service accounts, and these carry the schema's owner and the operators' rights.
+  EOT
+  type        = string
+  default     = "pubsub-outbox-admin"
+}
+
 variable "gke_service_account" {
   description = "Kubernetes service account of the dispatcher (deploy/k8s/serviceaccount.yaml)."
   type        = string
@@ -475,11 +485,12 @@ variable "cloud_sql_proxy_image" {
 locals {
   gke_project_id      = coalesce(var.gke_project_id, var.project_id)
   bigquery_project_id = coalesce(var.bigquery_project_id, var.project_id)
-  # GKE's Workload Identity members: the Kubernetes service accounts of the dispatcher, the
-  # migration Job, the operator Job and the console.
+  # GKE's Workload Identity members: the Kubernetes service accounts of the dispatcher and the
+  # console (gke_namespace), and of the migration, operator and bootstrap Jobs (gke_admin_namespace).
   dispatcher_workload_identity_member = "serviceAccount:${local.gke_project_id}.svc.id.goog[${var.gke_namespace}/${var.gke_service_account}]"
-  migrate_workload_identity_member    = "serviceAccount:${local.gke_project_id}.svc.id.goog[${var.gke_namespace}/${var.gke_migrate_service_account}]"
-  operator_workload_identity_member   = "serviceAccount:${local.gke_project_id}.svc.id.goog[${var.gke_namespace}/${var.gke_operator_service_account}]"
+  migrate_workload_identity_member    = "serviceAccount:${local.gke_project_id}.svc.id.goog[${var.gke_admin_namespace}/${var.gke_migrate_service_account}]"
+  operator_workload_identity_member   = "serviceAccount:${local.gke_project_id}.svc.id.goog[${var.gke_admin_namespace}/${var.gke_operator_service_account}]"
+  bootstrap_workload_identity_member  = "serviceAccount:${local.gke_project_id}.svc.id.goog[${var.gke_admin_namespace}/pubsub-outbox-bootstrap]"
   console_workload_identity_member    = "serviceAccount:${local.gke_project_id}.svc.id.goog[${var.gke_namespace}/${var.gke_console_service_account}]"
   # The IAM database users (cloudsql.tf) and the DATABASE_URLs through a proxy on 127.0.0.1:5432.
   # No password: the proxy (--auto-iam-authn) logs in with the workload's token. sslmode=disable
