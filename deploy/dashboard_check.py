@@ -3,7 +3,7 @@
 - terraform/dashboard.json is JSON with a mosaic layout whose tiles fit its columns without
   overlapping, each a titled chart or scorecard with at least one query, and no tile states a
   position of 0 (the API leaves it out, so an explicit 0 diffs on every plan);
-- every dashboard PromQL selector reads this install only (cluster and namespace matchers);
+- every dashboard PromQL selector reads this install only (project_id, cluster and namespace matchers);
 - every PromQL query (dashboard and k8s/alerts.yaml) parses, and each `outbox_…` series it reads
   is one the dispatcher exports: a name registered in dispatcher/src/metrics.rs, with the suffix
   its type gets (counter `_total`; histogram `_bucket`, `_sum`, `_count`; gauge none), or a
@@ -121,8 +121,10 @@ def main() -> None:
         if where == "dashboard":
             # Cloud Monitoring sees every cluster of the project: each selector names this one.
             for selector in re.findall(r"\boutbox_\w+(\{(?:[^{}]|\$\{\w+\})*\})?", q):
-                if 'cluster="${cluster}"' not in selector or 'namespace="${namespace}"' not in selector:
-                    problems.append(f"dashboard: {q!r} reads a series without the cluster and namespace matchers")
+                if any(m not in selector for m in ('project_id="${project_id}"', 'cluster="${cluster}"',
+                                                     'namespace="${namespace}"')):
+                    problems.append(f"dashboard: {q!r} reads a series without the project_id, cluster and "
+                                    "namespace matchers")
                     break
         for series in SERIES.findall(q):
             used.add(series)

@@ -125,6 +125,10 @@ resource "google_cloud_run_v2_job" "producer" {
           "--port=5432",
           "--structured-logs",
           "--exit-zero-on-sigterm",
+          # On a task's timeout Cloud Run sends SIGTERM to both containers at once (this is no native
+          # sidecar): keep serving the producer's open connection while it commits its last page
+          # (it stops the proxy itself as it exits, through quitquitquit).
+          "--max-sigterm-delay=20s",
           # POST http://127.0.0.1:9091/quitquitquit stops the proxy; the producer calls it as it
           # exits (see deploy/README.md: how a task with a sidecar ends).
           "--quitquitquit",

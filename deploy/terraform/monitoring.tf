@@ -343,6 +343,9 @@ resource "google_logging_metric" "producer_watermark_lag" {
 # on every plan).
 resource "google_monitoring_dashboard" "outbox" {
   dashboard_json = templatefile("${path.module}/dashboard.json", {
+    # The GKE cluster's project (the series' project_id label): two projects in one metrics scope
+    # may hold clusters of the same name.
+    project_id   = local.gke_project_id
     cluster      = var.gke_cluster_name
     namespace    = var.gke_namespace
     producer_job = google_cloud_run_v2_job.producer.name

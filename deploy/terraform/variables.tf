@@ -201,7 +201,7 @@ variable "gke_cluster_name" {
 }
 
 variable "gke_namespace" {
-  description = "Namespace of the dispatcher (deploy/k8s/common/namespace.yaml)."
+  description = "Namespace of the dispatcher (deploy/k8s/common/namespace.yaml). Must name what the manifests name: change it only with an overlay that renames it there too (deploy/check compares the default with deploy/k8s)."
   type        = string
   default     = "pubsub-outbox"
 }
@@ -211,25 +211,27 @@ variable "gke_admin_namespace" {
     Namespace of the migration, operator and bootstrap Jobs (deploy/k8s/common/admin.yaml), apart
     from the dispatcher's: whoever may create pods in a namespace may run them as any of its
     service accounts, and these carry the schema's owner and the operators' rights.
+    Must name what the manifests name: change it only with an overlay that renames it there too
+    (deploy/check compares the default with deploy/k8s).
   EOT
   type        = string
   default     = "pubsub-outbox-admin"
 }
 
 variable "gke_service_account" {
-  description = "Kubernetes service account of the dispatcher (deploy/k8s/serviceaccount.yaml)."
+  description = "Kubernetes service account of the dispatcher (deploy/k8s/serviceaccount.yaml). Must name what the manifests name: change it only with an overlay that renames it there too (deploy/check compares the default with deploy/k8s)."
   type        = string
   default     = "pubsub-outbox-dispatcher"
 }
 
 variable "gke_migrate_service_account" {
-  description = "Kubernetes service account of the migration Job (deploy/k8s/migrate/serviceaccount.yaml)."
+  description = "Kubernetes service account of the migration Job (deploy/k8s/migrate/serviceaccount.yaml). Must name what the manifests name: change it only with an overlay that renames it there too (deploy/check compares the default with deploy/k8s)."
   type        = string
   default     = "pubsub-outbox-migrate"
 }
 
 variable "gke_operator_service_account" {
-  description = "Kubernetes service account of the operator Job (deploy/k8s/operator/serviceaccount.yaml)."
+  description = "Kubernetes service account of the operator Job (deploy/k8s/operator/serviceaccount.yaml). Must name what the manifests name: change it only with an overlay that renames it there too (deploy/check compares the default with deploy/k8s)."
   type        = string
   default     = "outbox-operator"
 }
@@ -435,7 +437,7 @@ variable "console_backend_service" {
 }
 
 variable "gke_console_service_account" {
-  description = "Kubernetes service account of the console (deploy/k8s/console/serviceaccount.yaml)."
+  description = "Kubernetes service account of the console (deploy/k8s/console/serviceaccount.yaml). Must name what the manifests name: change it only with an overlay that renames it there too (deploy/check compares the default with deploy/k8s)."
   type        = string
   default     = "outbox-console"
 }
