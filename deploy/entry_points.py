@@ -16,8 +16,8 @@ configuration. So each object belongs to exactly one entry point:
 and no two renders contain the same kind, namespace and name. The console's IAP audience belongs
 to none: its ConfigMap is made once by hand, so no apply reverts it; the console's Deployment
 must read it from there (a required configMapKeyRef). No entry point renders a Secret: the only
-one, the bootstrap's password, is made by bootstrap/run for one run and read by its Job through a
-required secretKeyRef. The admin Jobs (migrate, operator, bootstrap) run in the admin namespace,
+one, the bootstrap's password, is made by bootstrap/run for one run and read by its Job as a file
+(a required secret volume; never an environment variable). The admin Jobs (migrate, operator, bootstrap) run in the admin namespace,
 never in the dispatcher's.
 
 Usage: entry_points.py K8S_DIR               the check
@@ -92,14 +92,20 @@ def iap_problems(console: list[dict]) -> list[str]:
 def secret_problems(renders: dict[str, list[dict]]) -> list[str]:
     problems = [f"{folder}: renders {key(d)}: a Secret in a kustomization is written by every apply"
                 for folder, docs in renders.items() for d in docs if d["kind"] == "Secret"]
-    refs = [e["valueFrom"]["secretKeyRef"]
-            for d in renders["bootstrap/job"] if d["kind"] == "Job"
-            for c in d["spec"]["template"]["spec"]["containers"]
-            for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})]
-    if not any(r["name"] == BOOTSTRAP_SECRET and r["key"] == "PGPASSWORD" and not r.get("optional", False)
-               for r in refs):
-        problems.append(f"bootstrap/job: the Job must read PGPASSWORD from Secret {BOOTSTRAP_SECRET} "
-                        "(secretKeyRef, not optional)")
+    jobs = [d for d in renders["bootstrap/job"] if d["kind"] == "Job"]
+    volumes = [v["secret"] for d in jobs for v in d["spec"]["template"]["spec"].get("volumes", [])
+               if "secret" in v]
+    if not any(v["secretName"] == BOOTSTRAP_SECRET and not v.get("optional", False) for v in volumes):
+        problems.append(f"bootstrap/job: the Job must read the password from Secret {BOOTSTRAP_SECRET} "
+                        "as a file (a secret volume, not optional)")
+    containers = [c for d in jobs for c in d["spec"]["template"]["spec"]["containers"]]
+    in_env = [f"{c['name']}: {e['name']}" for c in containers for e in c.get("env", [])
+              if "secretKeyRef" in e.get("valueFrom", {}) or e["name"] == "PGPASSWORD"]
+    in_env += [f"{c['name']}: envFrom {e['secretRef']['name']}" for c in containers
+               for e in c.get("envFrom", []) if "secretRef" in e]
+    if in_env:
+        problems.append(f"bootstrap/job: a secret in an environment variable ({', '.join(in_env)}): "
+                        "an env dump shows it; mount the Secret as a file")
     return problems
 
 
@@ -160,6 +166,13 @@ def self_test(k8s: Path) -> None:
         path = copy / "migrate/kustomization.yaml"
         path.write_text(path.read_text().replace(f"namespace: {ADMIN_NAMESPACE}", "namespace: pubsub-outbox"))
 
+    def password_in_env(copy):
+        path = copy / "bootstrap/job/job.yaml"
+        path.write_text(path.read_text().replace(
+            "            - name: PGPASSFILE\n              value: /tmp/pgpass\n",
+            "            - name: PGPASSWORD\n              valueFrom:\n                secretKeyRef:\n"
+            f"                  name: {BOOTSTRAP_SECRET}\n                  key: PGPASSWORD\n"))
+
     cases = [
         # Both namespaces in ../common: the console's or migrate's namespace transformer folds them
         # into one, and kustomize refuses the render itself (which the check reports).
@@ -169,6 +182,7 @@ def self_test(k8s: Path) -> None:
          "ServiceAccount pubsub-outbox-admin/pubsub-outbox-migrate"),
         ("the IAP audience's ConfigMap in the console's kustomization", iap_in_kustomization, IAP_KEY),
         ("the bootstrap's password as a Secret in its kustomization", secret_in_bootstrap, "renders Secret"),
+        ("the bootstrap's password in an environment variable", password_in_env, "a secret in an environment variable"),
         ("the migration Job back in the dispatcher's namespace (as on 20ab8c0)", migrate_in_dispatcher_namespace,
          "Job pubsub-outbox/pubsub-outbox-migrate is outside pubsub-outbox-admin"),
     ]
