@@ -9,7 +9,7 @@
 //! **Isolation.** A publish request is atomic: when Pub/Sub refuses one message of a request
 //! (a schema violation, say), every message of that request comes back with the same permanent
 //! error. So a permanent failure is never believed at once: the suspects are published again
-//! through publishers of their own, the unkeyed ones split up until each refused message is alone
+//! in requests of their own, the unkeyed ones split up until each refused message is alone
 //! (keys in order, each message alone, a key stopping at its first failure), and only the ones
 //! refused on their own are dead-lettered. Transient failures and outages are never isolated.
 //! A topic in a poison storm sends its unkeyed rows in parts from the start (`crate::storm`).

@@ -1,5 +1,5 @@
 //! The dispatcher's configuration as plain, validated values: what [`crate::Dispatcher::build`]
-//! takes. The command line ([`crate::cli`]) is one way to make it (`TryFrom<&Cli>`); tests and
+//! takes. The command line ([`crate::cli`]) is one way to make it (`TryFrom<&RunArgs>`); tests and
 //! benchmarks start from [`Default`] and change what they need.
 //!
 //! The defaults here are the documented ones; a unit test in `cli` checks that the flags' defaults

@@ -62,9 +62,9 @@ impl Policy<'_> {
     }
 }
 
-/// What a batch decided: the rows to write. (Nothing is owed to the client after the commit: a
-/// key it paused after a failure lives in a publisher built for that batch alone, see
-/// `crate::publisher`.)
+/// What a batch decided: the rows to write. (Nothing is owed to the publisher after the commit:
+/// it keeps no state per key, see `crate::publisher`; a key stopped at a failure stays stopped
+/// through the rows written here.)
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Decision {
     /// The database writes (one store call, in the batch transaction).

@@ -6,8 +6,8 @@
 //! - [`service`]: the dispatcher as a value ([`Dispatcher`]: build, run one batch, run until
 //!   stopped); `tasks`: its background tasks (LISTEN, gauges, purge, endpoints).
 //! - `batch`: one unit of work (claim, check, publish, isolate, decide, settle in one
-//!   transaction); `decide`: its decisions as pure functions; `worker`: the state the workers
-//!   share and the worker loop; `liveness`: the worker heartbeats behind `/healthz`; `floors`:
+//!   transaction); `decide`: its decisions as pure functions; `dispatch`: the state the workers
+//!   share; `worker`: the worker loop; `liveness`: the worker heartbeats behind `/healthz`; `floors`:
 //!   where the claims start (what this replica knows is published); `storm`: a topic whose
 //!   messages Pub/Sub keeps refusing sends its unkeyed rows in parts.
 //! - [`publisher`]: the [`publisher::Publish`] seam, and batches as Pub/Sub requests;
