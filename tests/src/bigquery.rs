@@ -104,20 +104,32 @@ impl TestTable {
 
     /// Inserts rows (JSON objects keyed by column) with `insertAll`; panics on any insert error.
     pub async fn insert(&self, rows: &[serde_json::Value]) {
+        if let Err(e) = self.try_insert(rows).await {
+            panic!("{e:#}");
+        }
+    }
+
+    /// Inserts rows (JSON objects keyed by column) with `insertAll`, 5,000 per request; an
+    /// error names what failed (the soak's and the chaos run's feeders, which report it).
+    pub async fn try_insert(&self, rows: &[serde_json::Value]) -> anyhow::Result<()> {
         for chunk in rows.chunks(5_000) {
             let mut request = TableDataInsertAllRequest::new();
             for row in chunk {
-                request.add_row(None, row.clone()).expect("row serialises");
+                request
+                    .add_row(None, row.clone())
+                    .map_err(|e| anyhow::anyhow!("a BigQuery row does not serialise: {e}"))?;
             }
             let response = self
                 .client
                 .tabledata()
                 .insert_all(&self.project, &self.dataset, &self.table, request)
                 .await
-                .expect("insertAll answers");
-            let errors = response.insert_errors.unwrap_or_default();
-            assert!(errors.is_empty(), "insertAll refused rows: {errors:?}");
+                .map_err(|e| anyhow::anyhow!("insertAll into bqemulator: {e}"))?;
+            if let Some(errors) = response.insert_errors.filter(|e| !e.is_empty()) {
+                anyhow::bail!("bqemulator refused rows: {errors:?}");
+            }
         }
+        Ok(())
     }
 
     /// Runs a query (e.g. DML) on the emulator and returns the answer; panics on an error.

@@ -12,8 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
-use gcp_bigquery_client::model::table_data_insert_all_request::TableDataInsertAllRequest;
+use anyhow::{Result, anyhow};
 use harness::bigquery::TestTable;
 use harness::ledger::DeliveryLedger;
 use harness::producer::KeyedStream;
@@ -210,7 +209,7 @@ pub async fn feed_bigquery(
         tokio::time::sleep(Duration::from_secs(1)).await;
         let share = (t0.elapsed().as_secs_f64() / plan.load.as_secs_f64()).min(1.0);
         let upto = ((total as f64 * share) as usize).max(next).min(total);
-        let mut request = TableDataInsertAllRequest::new();
+        let mut request = Vec::new();
         let mut rows = Vec::new();
         for id in next..=upto {
             let keyed = rng.f64() < 0.8;
@@ -237,20 +236,10 @@ pub async fn feed_bigquery(
                 "note": note,
                 "amount": id,
             });
-            request
-                .add_row(None, row)
-                .map_err(|e| anyhow!("a BigQuery row does not serialise: {e}"))?;
+            request.push(row);
             rows.push((id, micros, customer, bad));
         }
-        let response = table
-            .client
-            .tabledata()
-            .insert_all(&table.project, &table.dataset, &table.table, request)
-            .await
-            .context("insertAll into bqemulator")?;
-        if let Some(errors) = response.insert_errors.filter(|e| !e.is_empty()) {
-            bail!("bqemulator refused rows: {errors:?}");
-        }
+        table.try_insert(&request).await?;
         let mut e = lock(expected)?;
         for (id, micros, customer, bad) in rows {
             e.record(&format!("{STREAM}:{id}"), customer.as_deref(), bad);

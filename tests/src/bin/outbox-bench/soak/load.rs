@@ -7,8 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{Context, Result, anyhow, bail};
-use gcp_bigquery_client::model::table_data_insert_all_request::TableDataInsertAllRequest;
+use anyhow::{Context, Result, anyhow};
 use harness::bigquery::TestTable;
 use harness::ledger::Arrival;
 use harness::process::{Process, Spawn};
@@ -91,34 +90,21 @@ pub(crate) async fn feed_bigquery(
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     while Instant::now() < until && rate > 0 {
         tick.tick().await;
-        let mut request = TableDataInsertAllRequest::new();
+        let mut request = Vec::with_capacity(rate);
         let mut rows = Vec::with_capacity(rate);
         for id in next..next + rate {
             let customer = (rng.f64() < 0.8).then(|| format!("bq-{:02}", rng.usize(0..50)));
             let micros = BASE_MICROS + id as i64 * 1_000;
-            request
-                .add_row(
-                    None,
-                    serde_json::json!({
-                        "id": id,
-                        "updated_at": outbox_producer::value::format_timestamp(micros)
-                            .ok_or_else(|| anyhow!("timestamp out of range"))?,
-                        "customer": customer,
-                        "amount": id,
-                    }),
-                )
-                .map_err(|e| anyhow!("a BigQuery row does not serialise: {e}"))?;
+            request.push(serde_json::json!({
+                "id": id,
+                "updated_at": outbox_producer::value::format_timestamp(micros)
+                    .ok_or_else(|| anyhow!("timestamp out of range"))?,
+                "customer": customer,
+                "amount": id,
+            }));
             rows.push((id, customer));
         }
-        let response = table
-            .client
-            .tabledata()
-            .insert_all(&table.project, &table.dataset, &table.table, request)
-            .await
-            .context("insertAll into bqemulator")?;
-        if let Some(errors) = response.insert_errors.filter(|e| !e.is_empty()) {
-            bail!("bqemulator refused rows: {errors:?}");
-        }
+        table.try_insert(&request).await?;
         let mut ledger = locked(&shared.ledger)?;
         for (id, customer) in rows {
             ledger.enqueued(&format!("{STREAM}:{id}"), customer.as_deref());
