@@ -29,13 +29,14 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import hcl2
 import promql_parser
 import yaml
+
+import selfcheck
 
 # The alerts that must page (issue #36): without any of these, an outage goes unnoticed.
 PAGING = {"OutboxDispatcherAbsent", "OutboxNotPublishing", "OutboxBacklogAgeCritical",
@@ -289,23 +290,10 @@ def self_test(repo: Path) -> None:
             path = copy / file
             path.write_text(edit(path.read_text()))
             problems, _ = check(copy)
-            if not any(expected in p for p in problems):
-                failures.append(f"{what}: not refused with {expected!r} (got {problems or 'no problem'})")
-    if failures:
-        sys.exit("\n".join(failures))
-    print(f"refuses {len(mutations())} broken copies (an unrouted paging alert among them); "
-          "routes a new paging rule with no Terraform edit")
-
-
-def main() -> None:
-    if sys.argv[1] == "--self-test":
-        self_test(Path(sys.argv[2]).resolve())
-        return
-    problems, summary = check(Path(sys.argv[1]).resolve())
-    if problems:
-        sys.exit("\n".join(problems))
-    print(summary)
+            failures += selfcheck.not_refused(what, problems, expected)
+    selfcheck.finish(failures, f"refuses {len(mutations())} broken copies (an unrouted paging alert among them); "
+                     "routes a new paging rule with no Terraform edit")
 
 
 if __name__ == "__main__":
-    main()
+    selfcheck.main(check, self_test)

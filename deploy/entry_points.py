@@ -26,11 +26,12 @@ Usage: entry_points.py K8S_DIR               the check
 
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import yaml
+
+import selfcheck
 
 # Entry point -> the folders rendered for it (relative to k8s/); "+per-topic" turns the component on.
 ENTRY_POINTS = {
@@ -197,22 +198,9 @@ def self_test(k8s: Path) -> None:
                 problems, _ = check(copy)
             except SystemExit as refused:  # a render kustomize itself refuses
                 problems = [str(refused)]
-            if not any(expected in p for p in problems):
-                failures.append(f"{what}: not refused with {expected!r} (got {problems or 'no problem'})")
-    if failures:
-        sys.exit("\n".join(failures))
-    print(f"refuses {len(cases)} broken copies (an entry point that includes ../common among them)")
-
-
-def main() -> None:
-    if sys.argv[1] == "--self-test":
-        self_test(Path(sys.argv[2]).resolve())
-        return
-    problems, summary = check(Path(sys.argv[1]).resolve())
-    if problems:
-        sys.exit("\n".join(problems))
-    print(summary)
+            failures += selfcheck.not_refused(what, problems, expected)
+    selfcheck.finish(failures, f"refuses {len(cases)} broken copies (an entry point that includes ../common among them)")
 
 
 if __name__ == "__main__":
-    main()
+    selfcheck.main(check, self_test)

@@ -23,11 +23,12 @@ Usage: release_rules.py REPO               the check
 import glob
 import re
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import hcl2
+
+import selfcheck
 
 RELEASE_FILE = "deploy/terraform/release.auto.tfvars"
 SWITCH = "${var.alerts_enabled}"
@@ -189,23 +190,10 @@ def self_test(repo: Path) -> None:
                 continue
             path.write_text(edited)
             problems, _ = check(copy)
-            if not any(expected in p for p in problems):
-                failures.append(f"{what}: not refused with {expected!r} (got {problems or 'no problem'})")
-    if failures:
-        sys.exit("\n".join(failures))
-    print(f"refuses {len(mutations())} broken copies (a -var release step and alert policies on without "
-          "the switch among them)")
-
-
-def main() -> None:
-    if sys.argv[1] == "--self-test":
-        self_test(Path(sys.argv[2]).resolve())
-        return
-    problems, summary = check(Path(sys.argv[1]).resolve())
-    if problems:
-        sys.exit("\n".join(problems))
-    print(summary)
+            failures += selfcheck.not_refused(what, problems, expected)
+    selfcheck.finish(failures, f"refuses {len(mutations())} broken copies (a -var release step and alert policies on without "
+                     "the switch among them)")
 
 
 if __name__ == "__main__":
-    main()
+    selfcheck.main(check, self_test)
