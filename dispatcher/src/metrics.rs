@@ -83,7 +83,33 @@ pub struct Metrics {
 impl Metrics {
     /// Creates the metrics and registers them under the `outbox_` prefix.
     pub fn register(registry: &mut Registry) -> Self {
-        let m = Self {
+        let m = Self::new();
+        let r = registry.sub_registry_with_prefix("outbox");
+        m.register_flows(r);
+        m.register_histograms(r);
+        m.register_states(r);
+        m.register_refusals(r);
+        // Every labelled series exists from the start (at 0), so alerts on increases work from the
+        // first failure.
+        for kind in [
+            "transient",
+            "permanent",
+            "topic_refused",
+            "throttled",
+            "limit",
+            "not_attempted",
+        ] {
+            m.fail(kind, 0);
+        }
+        for kind in ["permanent", "exhausted"] {
+            m.dead_letter(kind, 0);
+        }
+        m
+    }
+
+    /// The metrics at zero, registered nowhere.
+    fn new() -> Self {
+        Self {
             published: Counter::default(),
             failed: Family::default(),
             retried: Counter::default(),
@@ -111,102 +137,113 @@ impl Metrics {
             topic_held_seconds: Family::default(),
             held_topic_probes: Counter::default(),
             quota_backoff_seconds: Family::default(),
-        };
-        let r = registry.sub_registry_with_prefix("outbox");
+        }
+    }
+
+    /// The flows (counters), and the keyed claims' old keys.
+    fn register_flows(&self, r: &mut Registry) {
         r.register(
             "published",
             "Messages published to Pub/Sub",
-            m.published.clone(),
+            self.published.clone(),
         );
         r.register(
             "publish_failures",
             "Messages whose publish failed, by kind: transient, topic_refused (the topic refused as a whole: held), throttled (quota: no attempt charged) and not_attempted (each message of a failed request), permanent (each message Pub/Sub refused on its own, found by isolation), limit (refused locally by a limit check)",
-            m.failed.clone(),
+            self.failed.clone(),
         );
         r.register(
             "retries_scheduled",
             "Retries scheduled on outbox rows",
-            m.retried.clone(),
+            self.retried.clone(),
         );
         r.register(
             "dead_lettered",
             "Messages moved to the dead-letter table by kind",
-            m.dead_lettered.clone(),
+            self.dead_lettered.clone(),
         );
         r.register(
             "outage_batches",
             "Batches released untouched because Pub/Sub was unreachable",
-            m.outage_batches.clone(),
+            self.outage_batches.clone(),
         );
         r.register(
             "empty_claims",
             "Claims that found nothing due",
-            m.empty_claims.clone(),
+            self.empty_claims.clone(),
         );
         r.register(
             "isolations",
             "Batches whose permanent publish failures were isolated (suspects published again apart)",
-            m.isolations.clone(),
+            self.isolations.clone(),
         );
         r.register(
             "trace_context_ignored",
             "Rows published without their trace context (a malformed traceparent, or no room for the trace attributes)",
-            m.trace_context_ignored.clone(),
+            self.trace_context_ignored.clone(),
         );
         r.register(
             "isolation_publishes",
             "Requests sent apart to tell a bad message from the request it shared (parts of the unkeyed suspects, and of a storming topic's rows; keyed messages alone)",
-            m.isolation_publishes.clone(),
+            self.isolation_publishes.clone(),
         );
         r.register(
             "floor_stragglers",
             "Rows the probe found below where the claims start (kind: unkeyed, keyed); claims take them next",
-            m.floor_stragglers.clone(),
+            self.floor_stragglers.clone(),
         );
         r.register(
             "old_keys",
             "Ordering keys with rows below where keyed claims start (each looked up from its last head)",
-            m.old_keys.clone(),
+            self.old_keys.clone(),
         );
+    }
+
+    /// Batch size, and the durations of publishes, claims and the way through.
+    fn register_histograms(&self, r: &mut Registry) {
         r.register(
             "batch_size",
             "Messages per claimed batch",
-            m.batch_size.clone(),
+            self.batch_size.clone(),
         );
         r.register(
             "publish_duration_seconds",
             "Seconds one batch publish took",
-            m.publish_seconds.clone(),
+            self.publish_seconds.clone(),
         );
         r.register(
             "claim_duration_seconds",
             "Seconds one claim took (BEGIN and the claim statements, empty claims included)",
-            m.claim_seconds.clone(),
+            self.claim_seconds.clone(),
         );
         r.register(
             "end_to_end_lag_seconds",
             "Seconds from enqueue to publish",
-            m.lag_seconds.clone(),
+            self.lag_seconds.clone(),
         );
+    }
+
+    /// The states (gauges): backlog, dead letters, pauses, the pool, the build, ages, the breaker.
+    fn register_states(&self, r: &mut Registry) {
         r.register(
             "backlog_rows",
             "Unpublished outbox rows per topic (count capped at 1,000,000)",
-            m.backlog.clone(),
+            self.backlog.clone(),
         );
         r.register(
             "dead_letters",
             "Rows in pubsub_outbox_dead_letter per topic and kind",
-            m.dead_letters.clone(),
+            self.dead_letters.clone(),
         );
         r.register(
             "paused_topic",
             "1 for each paused topic (dispatcher pause / resume)",
-            m.paused.clone(),
+            self.paused.clone(),
         );
         r.register(
             "db_pool_connections",
             "Database pool connections by state",
-            m.pool_connections.clone(),
+            self.pool_connections.clone(),
         );
         let build = Family::<Labels, Gauge>::default();
         build
@@ -216,59 +253,47 @@ impl Metrics {
         r.register(
             "oldest_due_age_seconds",
             "Age of the oldest outbox row due now, per topic",
-            m.oldest_due_age_seconds.clone(),
+            self.oldest_due_age_seconds.clone(),
         );
         r.register(
             "claimable_age_seconds",
             "Age of the oldest outbox row a claim could take now (due, topic not paused, key not blocked), per topic",
-            m.claimable_age_seconds.clone(),
+            self.claimable_age_seconds.clone(),
         );
         r.register(
             "breaker_open",
             "1 while claiming is paused because Pub/Sub is unreachable",
-            m.breaker_open.clone(),
+            self.breaker_open.clone(),
         );
-        // Every labelled series exists from the start (at 0), so alerts on increases work from the
-        // first failure.
-        for kind in [
-            "transient",
-            "permanent",
-            "topic_refused",
-            "throttled",
-            "limit",
-            "not_attempted",
-        ] {
-            m.fail(kind, 0);
-        }
-        for kind in ["permanent", "exhausted"] {
-            m.dead_letter(kind, 0);
-        }
+    }
+
+    /// Fault injection, held topics, the quota's backoff and the blocked keys.
+    fn register_refusals(&self, r: &mut Registry) {
         r.register(
             "fault_injection_rate",
             "Fraction of publishes this replica fails on purpose (--inject-failure-rate; 0 in production)",
-            m.fault_injection_rate.clone(),
+            self.fault_injection_rate.clone(),
         );
         r.register(
             "topic_held_seconds",
             "Seconds since Pub/Sub began refusing a held topic as a whole (PERMISSION_DENIED, NOT_FOUND, FAILED_PRECONDITION, UNIMPLEMENTED): its rows wait untouched; absent once released",
-            m.topic_held_seconds.clone(),
+            self.topic_held_seconds.clone(),
         );
         r.register(
             "held_topic_probes",
             "Probes of held topics (a publish of the topic's head message) this replica sent",
-            m.held_topic_probes.clone(),
+            self.held_topic_probes.clone(),
         );
         r.register(
             "quota_backoff_seconds",
             "How long this replica leaves a topic alone after Pub/Sub's quota refused it (RESOURCE_EXHAUSTED); absent at full speed",
-            m.quota_backoff_seconds.clone(),
+            self.quota_backoff_seconds.clone(),
         );
         r.register(
             "blocked_ordering_keys",
             "Ordering keys held back by a dead-lettered message: replay or discard it",
-            m.blocked_keys.clone(),
+            self.blocked_keys.clone(),
         );
-        m
     }
 
     /// Counts one failure of `kind`.
