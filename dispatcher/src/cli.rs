@@ -334,66 +334,11 @@ impl TryFrom<&RunArgs> for DispatcherConfig {
     type Error = String;
 
     fn try_from(cli: &RunArgs) -> Result<Self, String> {
+        refuse_unusable(cli)?;
         let a = &cli.dispatch;
-        let p = &cli.pubsub;
-        if cli.database.pooler.per_transaction() && !a.no_listen {
-            return Err(
-                "--db-pooler transaction: LISTEN needs a session of its own, which a \
-                        transaction-mode pooler does not keep; add --no-listen (OUTBOX_NO_LISTEN) \
-                        to claim by polling, or point the dispatcher at the database directly"
-                    .to_owned(),
-            );
-        }
-        let full = |flag: &str, topics: &[String]| {
-            topics
-                .iter()
-                .map(|t| {
-                    resolve_topic(&p.pubsub_project, t).map_err(|e| format!("{flag}: topic {e}"))
-                })
-                .collect::<Result<Vec<_>, String>>()
-        };
-        if p.publish_delay.is_some() {
-            return Err(
-                "--publish-delay (OUTBOX_PUBLISH_DELAY) was removed: the dispatcher no longer \
-                 waits to fill a request; each claimed batch goes out at once, one request per \
-                 ordering key and the unkeyed rows packed up to 1,000 messages or 10 MB. Remove \
-                 the setting (tune --batch-size and --notify-coalesce instead)"
-                    .to_owned(),
-            );
-        }
         let config = DispatcherConfig {
-            batch: BatchSettings {
-                batch_size: a.batch_size,
-                topics: if a.topics.is_empty() {
-                    None
-                } else {
-                    Some(full("--topic", &a.topics)?)
-                },
-                retain_published: !a.retention.is_zero(),
-                schedule: RetrySchedule {
-                    base: a.backoff_base,
-                    cap: a.backoff_cap,
-                    jitter: a.backoff_jitter,
-                    max_attempts: a.max_attempts,
-                },
-                key_scan_limit: a.key_scan_limit,
-                claim_floor_margin: a.claim_floor_margin,
-                skip_dead_letter_topics: full(
-                    "--ordering-skip-dead-letters",
-                    &a.skip_dead_letters.topics,
-                )?,
-                slow_batch: a.slow_batch,
-            },
-            pubsub: PubsubConfig {
-                emulator_host: p.pubsub_emulator_host.clone(),
-                endpoint: p.pubsub_endpoint.clone(),
-                project: p.pubsub_project.clone(),
-                publish_timeout: p.publish_timeout,
-                dedupe_attribute: p.dedupe_attribute.clone(),
-                connections: usize::from(p.publish_connections),
-                ca_file: p.pubsub_ca_file.clone(),
-                authority: p.pubsub_authority.clone(),
-            },
+            batch: batch_settings(a, &cli.pubsub.pubsub_project)?,
+            pubsub: pubsub_config(&cli.pubsub),
             workers: usize::from(a.workers),
             max_inflight_bytes: a.max_inflight_bytes,
             lock_timeout: a.lock_timeout,
@@ -429,6 +374,78 @@ impl TryFrom<&RunArgs> for DispatcherConfig {
         config.validate()?;
         Ok(config)
     }
+}
+
+/// Refuses the settings no configuration can honour: LISTEN behind a transaction-mode pooler,
+/// and the removed --publish-delay.
+fn refuse_unusable(cli: &RunArgs) -> Result<(), String> {
+    if cli.database.pooler.per_transaction() && !cli.dispatch.no_listen {
+        return Err(
+            "--db-pooler transaction: LISTEN needs a session of its own, which a \
+                    transaction-mode pooler does not keep; add --no-listen (OUTBOX_NO_LISTEN) \
+                    to claim by polling, or point the dispatcher at the database directly"
+                .to_owned(),
+        );
+    }
+    if cli.pubsub.publish_delay.is_some() {
+        return Err(
+            "--publish-delay (OUTBOX_PUBLISH_DELAY) was removed: the dispatcher no longer \
+             waits to fill a request; each claimed batch goes out at once, one request per \
+             ordering key and the unkeyed rows packed up to 1,000 messages or 10 MB. Remove \
+             the setting (tune --batch-size and --notify-coalesce instead)"
+                .to_owned(),
+        );
+    }
+    Ok(())
+}
+
+/// What one batch claims and how it settles; short topic names get `project`.
+fn batch_settings(a: &DispatchArgs, project: &str) -> Result<BatchSettings, String> {
+    Ok(BatchSettings {
+        batch_size: a.batch_size,
+        topics: if a.topics.is_empty() {
+            None
+        } else {
+            Some(full_topics(project, "--topic", &a.topics)?)
+        },
+        retain_published: !a.retention.is_zero(),
+        schedule: RetrySchedule {
+            base: a.backoff_base,
+            cap: a.backoff_cap,
+            jitter: a.backoff_jitter,
+            max_attempts: a.max_attempts,
+        },
+        key_scan_limit: a.key_scan_limit,
+        claim_floor_margin: a.claim_floor_margin,
+        skip_dead_letter_topics: full_topics(
+            project,
+            "--ordering-skip-dead-letters",
+            &a.skip_dead_letters.topics,
+        )?,
+        slow_batch: a.slow_batch,
+    })
+}
+
+/// How to reach Pub/Sub.
+fn pubsub_config(p: &PubsubArgs) -> PubsubConfig {
+    PubsubConfig {
+        emulator_host: p.pubsub_emulator_host.clone(),
+        endpoint: p.pubsub_endpoint.clone(),
+        project: p.pubsub_project.clone(),
+        publish_timeout: p.publish_timeout,
+        dedupe_attribute: p.dedupe_attribute.clone(),
+        connections: usize::from(p.publish_connections),
+        ca_file: p.pubsub_ca_file.clone(),
+        authority: p.pubsub_authority.clone(),
+    }
+}
+
+/// The full names of `topics` (short ones get `project`); an error names `flag`.
+fn full_topics(project: &str, flag: &str, topics: &[String]) -> Result<Vec<String>, String> {
+    topics
+        .iter()
+        .map(|t| resolve_topic(project, t).map_err(|e| format!("{flag}: topic {e}")))
+        .collect()
 }
 
 /// A fraction within 0..=1.
