@@ -783,53 +783,13 @@ pub async fn preview(State(c): State<Arc<Console>>, change: Change) -> Response 
         Err(e) => return problem(StatusCode::BAD_REQUEST, &who, &e),
     };
     let topic = f.get("topic").map_or("", String::as_str);
-    // Every change is previewed by its dry run: the same checks (a topic the database does not
-    // know, ids that are gone) refuse it here, not at the confirmation.
-    let dry = match action.as_str() {
-        "replay" | "discard" => c.dry_run(&action, &args).await,
-        "cancel" | "retry-now" => c.dry_run_pending(&action, &args).await,
-        _ => c.dry_run_topic(&action, &args).await,
-    };
-    let (mut body, confirm_ids) = match dry {
+    let (mut body, confirm_ids) = match c.dry_run_change(&action, &args).await {
         Ok(Some(r)) => r,
-        Ok(None) => {
-            let nothing = match action.as_str() {
-                "pause" => "the topic is paused already: nothing to do",
-                "resume" => "the topic is not paused: nothing to do",
-                "cancel" => "no unpublished message matches: nothing to do",
-                "retry-now" => "no message waiting for a retry matches: nothing to do",
-                _ => "no dead letter matches: nothing to do",
-            };
-            return problem(StatusCode::NOT_FOUND, &who, nothing);
-        }
+        Ok(None) => return problem(StatusCode::NOT_FOUND, &who, nothing_to_do(&action)),
         Err(e) => return problem(StatusCode::BAD_REQUEST, &who, &e),
     };
-    let mut cli = args.clone();
-    set_flag(
-        &mut cli,
-        "--reason",
-        if reason.trim().is_empty() {
-            "…"
-        } else {
-            &reason
-        },
-    );
-    if f.get("scope").map(String::as_str) == Some("filter") {
-        cli.push("--yes".into());
-    }
-    body.push_str(&format!(
-        "<p>The same from the command line: <code>{}</code></p>",
-        esc(&cli_line(&cli))
-    ));
-    let new_topic = if args.iter().any(|a| a == "--new-topic") {
-        "<input type=\"hidden\" name=\"new_topic\" value=\"yes\">"
-    } else {
-        ""
-    };
-    let hidden_ids: String = confirm_ids
-        .iter()
-        .map(|id| format!("<input type=\"hidden\" name=\"id\" value=\"{}\">", esc(id)))
-        .collect();
+    let by_filter = f.get("scope").map(String::as_str) == Some("filter");
+    body.push_str(&command_line(&args, &reason, by_filter));
     let by_ids = matches!(
         action.as_str(),
         "replay" | "discard" | "cancel" | "retry-now"
@@ -837,33 +797,48 @@ pub async fn preview(State(c): State<Arc<Console>>, change: Change) -> Response 
     if by_ids && confirm_ids.is_empty() {
         // Every selected entry would be left in place: nothing to confirm.
         body.push_str("<p><a href=\"/\">Overview</a></p>");
-        return page(
-            &format!("Preview: {action}"),
-            &who,
-            Section::Overview,
-            None,
-            &body,
-        );
+    } else {
+        body.push_str(&c.confirm_form(&who, &action, topic, &reason, &args, &confirm_ids));
     }
-    body.push_str(&format!(
-        "<form method=\"post\" action=\"/actions/apply\" id=\"confirm\">{}\
-         <input type=\"hidden\" name=\"action\" value=\"{}\">\
-         <input type=\"hidden\" name=\"scope\" value=\"ids\">{hidden_ids}\
-         <input type=\"hidden\" name=\"topic\" value=\"{}\">{new_topic}\
-         <label>Reason (required, audited) <input type=\"text\" name=\"reason\" id=\"reason\" value=\"{}\" required></label> \
-         <button type=\"submit\" id=\"apply\">Confirm: {}</button> <a href=\"/\">Cancel</a></form>",
-        c.csrf_field(&who),
-        esc(&action),
-        esc(topic),
-        esc(&reason),
-        esc(&action)
-    ));
     page(
         &format!("Preview: {action}"),
         &who,
         Section::Overview,
         None,
         &body,
+    )
+}
+
+/// Why a preview whose dry run matched nothing has nothing to confirm.
+fn nothing_to_do(action: &str) -> &'static str {
+    match action {
+        "pause" => "the topic is paused already: nothing to do",
+        "resume" => "the topic is not paused: nothing to do",
+        "cancel" => "no unpublished message matches: nothing to do",
+        "retry-now" => "no message waiting for a retry matches: nothing to do",
+        _ => "no dead letter matches: nothing to do",
+    }
+}
+
+/// The preview's "the same from the command line" paragraph: the change's `args` with the
+/// reason given (`…` while there is none), and `--yes` when it covers a whole filter.
+fn command_line(args: &[String], reason: &str, by_filter: bool) -> String {
+    let mut cli = args.to_vec();
+    set_flag(
+        &mut cli,
+        "--reason",
+        if reason.trim().is_empty() {
+            "…"
+        } else {
+            reason
+        },
+    );
+    if by_filter {
+        cli.push("--yes".into());
+    }
+    format!(
+        "<p>The same from the command line: <code>{}</code></p>",
+        esc(&cli_line(&cli))
     )
 }
 
@@ -960,6 +935,57 @@ impl Console {
             }
         );
         Ok(Some((body, Vec::new())))
+    }
+
+    /// A change's dry run, by its action: what it would do as HTML and the ids to confirm;
+    /// `None` when it would change nothing. Every change is previewed by its dry run: the same
+    /// checks (a topic the database does not know, ids that are gone) refuse it here, not at the
+    /// confirmation.
+    async fn dry_run_change(
+        &self,
+        action: &str,
+        args: &[String],
+    ) -> Result<Option<(String, Vec<String>)>, String> {
+        match action {
+            "replay" | "discard" => self.dry_run(action, args).await,
+            "cancel" | "retry-now" => self.dry_run_pending(action, args).await,
+            _ => self.dry_run_topic(action, args).await,
+        }
+    }
+
+    /// The form that confirms a previewed change: its action, exactly the previewed ids, its
+    /// topic (and whether it is new), the reason (required, audited) and `who`'s CSRF token.
+    fn confirm_form(
+        &self,
+        who: &str,
+        action: &str,
+        topic: &str,
+        reason: &str,
+        args: &[String],
+        confirm_ids: &[String],
+    ) -> String {
+        let new_topic = if args.iter().any(|a| a == "--new-topic") {
+            "<input type=\"hidden\" name=\"new_topic\" value=\"yes\">"
+        } else {
+            ""
+        };
+        let hidden_ids: String = confirm_ids
+            .iter()
+            .map(|id| format!("<input type=\"hidden\" name=\"id\" value=\"{}\">", esc(id)))
+            .collect();
+        format!(
+            "<form method=\"post\" action=\"/actions/apply\" id=\"confirm\">{}\
+             <input type=\"hidden\" name=\"action\" value=\"{}\">\
+             <input type=\"hidden\" name=\"scope\" value=\"ids\">{hidden_ids}\
+             <input type=\"hidden\" name=\"topic\" value=\"{}\">{new_topic}\
+             <label>Reason (required, audited) <input type=\"text\" name=\"reason\" id=\"reason\" value=\"{}\" required></label> \
+             <button type=\"submit\" id=\"apply\">Confirm: {}</button> <a href=\"/\">Cancel</a></form>",
+            self.csrf_field(who),
+            esc(action),
+            esc(topic),
+            esc(reason),
+            esc(action)
+        )
     }
 }
 
