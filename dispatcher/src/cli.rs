@@ -1,12 +1,18 @@
 //! Command line and environment configuration. Every flag has a doc comment (its `--help`), an
 //! environment fallback and a default; single values are range-checked as they are parsed, and
 //! [`DispatcherConfig::try_from`] checks the rules that tie them together.
+//!
+//! `run` is the default command, and its flags may come before or after it
+//! (`dispatcher --workers 3 run`, `dispatcher run --workers 3`, `dispatcher --workers 3`):
+//! [`Cli::parse_args`] applies both binaries' one rule, [`outbox_runtime::cli::run_first`], before
+//! clap parses. Every other command takes only its own flags.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::classify::{Code, code_name};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+use outbox_runtime::cli::run_first;
 use outbox_runtime::db::DatabaseArgs;
 use outbox_runtime::telemetry::TelemetryArgs;
 use outbox_runtime::traces::TraceArgs;
@@ -22,9 +28,9 @@ use crate::config::{
 /// pubsub-outbox dispatcher: drains the pubsub_outbox table to Google Cloud Pub/Sub, and the
 /// operator's commands (status, dead letters, pause/resume, audit).
 ///
-/// `dispatcher [FLAGS]` and `dispatcher run [FLAGS]` both run it; every flag also reads its
-/// environment variable. Exit codes: 0 ok, 1 failed, 2 bad usage or configuration, 3 nothing
-/// matched (operator commands).
+/// `dispatcher [FLAGS]`, `dispatcher run [FLAGS]` and `dispatcher [FLAGS] run` all run it; every
+/// flag also reads its environment variable. Exit codes: 0 ok, 1 failed, 2 bad usage or
+/// configuration, 3 nothing matched (operator commands).
 #[derive(Debug, Parser)]
 #[command(name = "dispatcher", version, about, long_about = None)]
 pub struct Cli {
@@ -33,28 +39,11 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// The names `dispatcher` takes as its first argument without meaning `run`.
-const FIRST_WORDS: &[&str] = &[
-    "run",
-    "migrate",
-    "status",
-    "dead-letters",
-    "pause",
-    "resume",
-    "audit",
-    "replicas",
-    "console",
-    "help",
-    "-h",
-    "--help",
-    "-V",
-    "--version",
-];
-
 impl Cli {
-    /// Parses the process's arguments; `dispatcher [FLAGS]` (no subcommand) runs the dispatcher.
+    /// Parses the process's arguments; `dispatcher [FLAGS]` (no subcommand) runs the dispatcher
+    /// (exits with clap's message and code 2 on bad usage).
     pub fn parse_args() -> Self {
-        Self::parse_from(with_default_command(std::env::args_os()))
+        Self::parse_from(run_first(&Self::command(), std::env::args_os().collect()))
     }
 
     /// Like [`Self::parse_args`] over `args` (the program name first).
@@ -63,7 +52,8 @@ impl Cli {
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString>,
     {
-        Self::try_parse_from(with_default_command(args.into_iter().map(Into::into)))
+        let args = run_first(&Self::command(), args.into_iter().map(Into::into).collect());
+        Self::try_parse_from(args)
     }
 
     /// The run flags (of `run`, given or implied).
@@ -91,20 +81,6 @@ impl Cli {
             Command::Run(a) => &a.telemetry,
         }
     }
-}
-
-/// Inserts `run` when the first argument is a flag (or there is none), so the run flags can come
-/// with or without the subcommand while every other subcommand takes only its own flags.
-fn with_default_command(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    let mut args: Vec<std::ffi::OsString> = args.collect();
-    let implied = match args.get(1).and_then(|a| a.to_str()) {
-        None => true,
-        Some(first) => !FIRST_WORDS.contains(&first) && first.starts_with('-'),
-    };
-    if implied {
-        args.insert(1.min(args.len()), "run".into());
-    }
-    args
 }
 
 /// Everything `run` takes.
@@ -555,6 +531,45 @@ mod tests {
         ])
         .expect_err("migrate takes no run flags");
         assert_eq!(err.exit_code(), 2);
+    }
+
+    #[test]
+    fn run_flags_may_precede_run_and_every_other_form_parses_as_before() {
+        let url = "--database-url postgres://u@h/d";
+        let parse = |args: &str| {
+            Cli::try_parse_args(std::iter::once("dispatcher").chain(args.split_whitespace()))
+        };
+        let before = parse(&format!("--workers 3 run {url}")).expect("flags before run");
+        let after = parse(&format!("run --workers 3 {url}")).expect("flags after run");
+        let implied = parse(&format!("--workers 3 {url}")).expect("run implied");
+        assert_eq!(format!("{before:?}"), format!("{after:?}"));
+        assert_eq!(format!("{implied:?}"), format!("{after:?}"));
+        assert_eq!(after.run_args().map(|a| a.dispatch.workers), Some(3));
+        // No arguments: run (which may find --database-url in the environment or ask for it).
+        assert_eq!(
+            run_first(&Cli::command(), vec!["dispatcher".into()]),
+            ["dispatcher", "run"]
+        );
+        match parse("") {
+            Ok(cli) => assert!(cli.run_args().is_some(), "{cli:?}"),
+            Err(e) => assert!(e.to_string().contains("--database-url"), "{e}"),
+        }
+        let status = parse(&format!("status {url}")).expect("status");
+        assert!(matches!(status.command, Command::Ops(_)), "{status:?}");
+        for (args, kind) in [
+            ("--help", clap::error::ErrorKind::DisplayHelp),
+            ("-h", clap::error::ErrorKind::DisplayHelp),
+            ("--version", clap::error::ErrorKind::DisplayVersion),
+            ("-V", clap::error::ErrorKind::DisplayVersion),
+        ] {
+            let e = parse(args).expect_err("prints and exits");
+            assert_eq!((e.kind(), e.exit_code()), (kind, 0), "{args}: {e}");
+        }
+        let help = parse("--help").expect_err("help").to_string();
+        assert!(
+            help.contains("Usage: dispatcher <COMMAND>"),
+            "the top level's: {help}"
+        );
     }
 
     #[test]

@@ -3,18 +3,16 @@
 //! the job's, `migrate` the database's, `streams` and `rewind` theirs ([`crate::ops`]).
 //!
 //! `run` is the default command, and its flags may come before or after it
-//! (`producer --config x run`, `producer run --config x`, `producer --config x`).
-//! [`Cli::parse_args`] makes that so before clap parses ([`run_first`]): it moves a `run` that
-//! follows flags to the front, or inserts it when no command is named. clap itself cannot: it
-//! refuses flags before a subcommand that conflict with it, and a top-level copy of the run flags
-//! would make `--database-url` required on the top level even when a command gives it. Flags
-//! before any other command stay where they are, and clap refuses them.
+//! (`producer --config x run`, `producer run --config x`, `producer --config x`):
+//! [`Cli::parse_args`] applies both binaries' one rule, [`outbox_runtime::cli::run_first`], before
+//! clap parses. Flags before any other command stay where they are, and clap refuses them.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser, Subcommand};
+use outbox_runtime::cli::run_first;
 use outbox_runtime::db::DatabaseArgs;
 use outbox_runtime::telemetry::TelemetryArgs;
 use outbox_runtime::traces::TraceArgs;
@@ -80,49 +78,6 @@ impl Cli {
             Command::Ops(op) => op.telemetry(),
         }
     }
-}
-
-/// Makes `run`'s flags parse as `run`'s wherever they stand: moves a `run` that follows flags to
-/// just after the program name, or inserts `run` when no command is named (unless the arguments
-/// only ask for help or the version). Values of flags are skipped (a config file named `run`
-/// stays a value); anything else is left for clap to judge.
-pub fn run_first(cli: &clap::Command, mut args: Vec<OsString>) -> Vec<OsString> {
-    let takes_value = |long: &str| {
-        cli.find_subcommand("run").is_some_and(|run| {
-            run.get_arguments()
-                .any(|a| a.get_long() == Some(long) && a.get_action().takes_values())
-        })
-    };
-    let mut only_help = true;
-    let mut i = 1;
-    while i < args.len() {
-        let Some(token) = args[i].to_str() else {
-            return args;
-        };
-        if token == "--" {
-            break;
-        }
-        if !token.starts_with('-') || token == "-" {
-            // The first positional: the command.
-            if token == "run" && i > 1 {
-                let run = args.remove(i);
-                args.insert(1, run);
-            }
-            return args;
-        }
-        only_help &= matches!(token, "-h" | "--help" | "-V" | "--version");
-        if let Some(long) = token.strip_prefix("--")
-            && !long.contains('=')
-            && takes_value(long)
-        {
-            i += 1;
-        }
-        i += 1;
-    }
-    if !(only_help && args.len() > 1) {
-        args.insert(1.min(args.len()), OsString::from("run"));
-    }
-    args
 }
 
 /// Subcommands.

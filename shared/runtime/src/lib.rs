@@ -2,6 +2,7 @@
 //! (`outbox_shared`) so that an application that only enqueues links none of it.
 //!
 //! Layout:
+//! - [`cli`]: `run` as both binaries' default command ([`cli::run_first`]).
 //! - [`db`]: the `--database-url` argument group and connecting with bounded retries.
 //! - [`telemetry`]: logging (text for people, JSON for Cloud Logging).
 //! - [`health`]: the `/healthz`, `/readyz` and `/metrics` server.
@@ -11,6 +12,7 @@
 //! - [`operator`]: the one design of both binaries' operator commands (options, checks, the
 //!   actor, errors and exit codes, output as a table or JSON).
 
+pub mod cli;
 pub mod db;
 pub mod exit;
 pub mod health;
