@@ -128,13 +128,11 @@ impl DispatcherConfig {
                 r.held_probe_interval, r.held_max_probe_interval
             ));
         }
-        if r.quota_max_backoff < crate::pace::MIN_BACKOFF
-            || r.quota_max_backoff > Duration::from_secs(600)
+        if r.quota_max_backoff < MIN_QUOTA_BACKOFF || r.quota_max_backoff > Duration::from_secs(600)
         {
             return Err(format!(
                 "--quota-max-backoff ({:?}) must be within {:?}..=10m",
-                r.quota_max_backoff,
-                crate::pace::MIN_BACKOFF
+                r.quota_max_backoff, MIN_QUOTA_BACKOFF
             ));
         }
         if !(1..=1000).contains(&self.batch.batch_size) || self.workers == 0 {
@@ -214,7 +212,7 @@ pub struct PubsubConfig {
     /// Upper bound on one batch publish.
     pub publish_timeout: Duration,
     /// The attribute carrying the dedupe key (the one place it is set: the batch asks the
-    /// publisher, [`crate::publisher::Publish::dedupe_attribute`]).
+    /// publisher, [`crate::publish::Publish::dedupe_attribute`]).
     pub dedupe_attribute: String,
     /// HTTP/2 connections to Pub/Sub (each carries up to 100 calls at once).
     pub connections: usize,
@@ -301,6 +299,10 @@ impl Default for BreakerSettings {
         }
     }
 }
+
+/// The first backoff of a topic refused for quota (`crate::pace`), and the least
+/// `--quota-max-backoff` may be.
+pub const MIN_QUOTA_BACKOFF: Duration = Duration::from_millis(100);
 
 /// What the dispatcher does when Pub/Sub refuses a topic as a whole (`crate::hold`), and how far
 /// quota slows a topic down (`crate::pace`).

@@ -19,7 +19,7 @@ use crate::liveness::Heartbeats;
 use crate::log_gate::LogGate;
 use crate::metrics::Metrics;
 use crate::pace::Paces;
-use crate::publisher::Publish;
+use crate::publish::Publish;
 use crate::schema::SchemaGate;
 use crate::storm::Storms;
 use outbox_shared::store::claim::ClaimSession;
@@ -38,7 +38,7 @@ pub(crate) struct Dispatch<P> {
     pub(crate) inflight: ByteBudget,
     pub(crate) keys: KeyWalk,
     /// Where the claims start (what this replica knows is published).
-    pub(crate) floors: Floors,
+    pub(crate) floors: Arc<Floors>,
     pub(crate) stall_probe_after: Duration,
     /// How claim transactions begin (their session settings).
     pub(crate) claim_session: ClaimSession,
@@ -48,7 +48,7 @@ pub(crate) struct Dispatch<P> {
     pub(crate) idle: SharedIdle,
     /// Writers' NOTIFYs wake the workers (LISTEN is on).
     pub(crate) listening: bool,
-    /// Lets through at most one slow-batch warning a second (`crate::batch`).
+    /// Lets through at most one slow-batch warning a second (`crate::outcome`).
     pub(crate) slow_log: LogGate,
     /// The topics in a poison storm (`crate::storm`).
     pub(crate) storms: Storms,
@@ -87,7 +87,7 @@ impl<P: Publish> Dispatch<P> {
             heartbeats: Heartbeats::new(config.workers),
             inflight: ByteBudget::new(config.max_inflight_bytes),
             keys: KeyWalk::new(config.batch.batch_size),
-            floors: Floors::new(config.batch.claim_floor_margin),
+            floors: Arc::new(Floors::new(config.batch.claim_floor_margin)),
             stall_probe_after: config.stall_probe_after,
             claim_session: ClaimSession::new(config.lock_timeout),
             in_flight: (AtomicI32::new(0), AtomicI32::new(0)),

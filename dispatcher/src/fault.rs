@@ -13,7 +13,7 @@ use outbox_shared::ClaimedMessage;
 
 use crate::classify::{Code, FailureKind, PublishFailure, classify_code, code_name};
 use crate::config::FaultSettings;
-use crate::publisher::{BatchResult, ProbeError, Publish};
+use crate::publish::{BatchResult, ProbeError, Publish};
 
 /// A targeted fault: fail with `code`, `times` times (None: forever).
 #[derive(Debug, Clone, Copy)]

@@ -2,7 +2,7 @@
 //! publish quota, flow control) slows down instead of charging its rows attempts.
 //!
 //! Per topic, in this process, from each batch's messages of the topic: more refused for quota
-//! than accepted doubles the topic's backoff (from [`MIN_BACKOFF`] up to `--quota-max-backoff`);
+//! than accepted doubles the topic's backoff (from [`MIN_QUOTA_BACKOFF`] up to `--quota-max-backoff`);
 //! as many or more accepted halves it (while any is refused, not below the minimum; with none
 //! refused, below the minimum is back to full speed). After any refusal this replica's claims
 //! leave the topic alone for the backoff. A refused row waits the backoff (with jitter) in
@@ -26,10 +26,8 @@ use outbox_shared::ClaimedMessage;
 use std::time::Instant;
 
 use crate::classify::FailureKind;
+use crate::config::MIN_QUOTA_BACKOFF;
 use crate::decide::Attempt;
-
-/// The first backoff of a topic refused for quota.
-pub const MIN_BACKOFF: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Clone, Copy)]
 struct Pace {
@@ -49,7 +47,7 @@ impl Paces {
     pub(crate) fn new(max: Duration) -> Self {
         Self {
             topics: Mutex::default(),
-            max: max.max(MIN_BACKOFF),
+            max: max.max(MIN_QUOTA_BACKOFF),
         }
     }
 
@@ -88,13 +86,13 @@ impl Paces {
                 (Some(p), 0) => p.backoff / 2,
                 (None, _) => {
                     started.push(topic.to_owned());
-                    MIN_BACKOFF
+                    MIN_QUOTA_BACKOFF
                 }
                 (Some(p), _) if refused > accepted => (p.backoff * 2).min(self.max),
-                (Some(p), _) => (p.backoff / 2).max(MIN_BACKOFF),
+                (Some(p), _) => (p.backoff / 2).max(MIN_QUOTA_BACKOFF),
             };
             tracing::debug!(pubsub.topic = %topic, refused, accepted, ?backoff, "Quota backoff.");
-            if backoff < MIN_BACKOFF {
+            if backoff < MIN_QUOTA_BACKOFF {
                 topics.remove(topic);
                 tracing::info!(
                     pubsub.topic = %topic,
@@ -169,26 +167,26 @@ mod tests {
         let batch = [msg(1, "a"), msg(2, "a"), msg(3, "a")];
         let ok = || Attempt::Published("x".into());
         paces.learn(&batch, &[throttled(), throttled(), ok()]);
-        assert_eq!(paces.backoff("a"), MIN_BACKOFF);
+        assert_eq!(paces.backoff("a"), MIN_QUOTA_BACKOFF);
         paces.learn(&batch, &[throttled(), throttled(), ok()]);
         assert_eq!(
             paces.backoff("a"),
-            MIN_BACKOFF * 2,
+            MIN_QUOTA_BACKOFF * 2,
             "2 refused, 1 accepted: doubles"
         );
         paces.learn(&batch, &[throttled(), throttled(), ok()]);
-        assert_eq!(paces.backoff("a"), MIN_BACKOFF * 4);
+        assert_eq!(paces.backoff("a"), MIN_QUOTA_BACKOFF * 4);
         paces.learn(&batch, &[throttled(), ok(), ok()]);
         assert_eq!(
             paces.backoff("a"),
-            MIN_BACKOFF * 2,
+            MIN_QUOTA_BACKOFF * 2,
             "1 refused, 2 accepted: halves"
         );
         paces.learn(&batch, &[throttled(), ok(), ok()]);
         paces.learn(&batch, &[throttled(), ok(), ok()]);
         assert_eq!(
             paces.backoff("a"),
-            MIN_BACKOFF,
+            MIN_QUOTA_BACKOFF,
             "not below the minimum while refused"
         );
         let mut cooling = Vec::new();
@@ -206,7 +204,7 @@ mod tests {
         let batch = [msg(1, "a"), msg(2, "b")];
         let started = paces.learn(&batch, &[throttled(), Attempt::Published("1".into())]);
         assert_eq!(started, vec!["a".to_owned()], "a starts to back off");
-        assert_eq!(paces.backoff("a"), MIN_BACKOFF);
+        assert_eq!(paces.backoff("a"), MIN_QUOTA_BACKOFF);
         assert_eq!(paces.backoff("b"), Duration::ZERO, "b is not slowed down");
         let mut cooling = Vec::new();
         paces.cooling(&mut cooling);

@@ -19,12 +19,14 @@ use outbox_runtime::db::DatabaseArgs;
 use outbox_runtime::health::{self, Checks};
 use outbox_runtime::shutdown::Shutdown;
 
-use crate::batch::{self, BatchOutcome};
+use crate::batch;
 use crate::config::DispatcherConfig;
 use crate::dispatch::Dispatch;
 use crate::error::DispatcherError;
+use crate::floors::upkeep::{self, Upkeep};
 use crate::metrics::Metrics;
-use crate::publisher::Publish;
+use crate::outcome::BatchOutcome;
+use crate::publish::Publish;
 use crate::tasks;
 use crate::worker;
 
@@ -113,8 +115,8 @@ impl<P: Publish> Dispatcher<P> {
     pub async fn probe_held_topics(
         &self,
         now: DateTime<Utc>,
-    ) -> Result<Vec<(String, crate::hold::Probe)>, DispatcherError> {
-        crate::hold::probe_due(&self.dispatch, now).await
+    ) -> Result<Vec<(String, crate::hold_watch::Probe)>, DispatcherError> {
+        crate::hold_watch::probe_due(&self.dispatch, now).await
     }
 
     /// The metrics in the Prometheus text format, as `/metrics` serves them.
@@ -246,9 +248,22 @@ fn spawn_background<P: Publish>(
         config.batch.skip_dead_letter_topics.clone(),
         shutdown.clone(),
     ));
-    background.spawn(crate::hold::watch(dispatch.clone(), shutdown.clone()));
-    background.spawn(tasks::keep_floors(
-        dispatch.clone(),
+    background.spawn(crate::hold_watch::watch(dispatch.clone(), shutdown.clone()));
+    let upkeep = Upkeep {
+        floors: dispatch.floors.clone(),
+        pool: pool.clone(),
+        session: dispatch.claim_session.clone(),
+        schema: dispatch.schema.clone(),
+        metrics: dispatch.metrics.clone(),
+        topics: config.batch.topics.clone(),
+        max_old_keys: usize::try_from(config.batch.key_scan_limit).unwrap_or(usize::MAX),
+        left_alone: Box::new({
+            let d = dispatch.clone();
+            move || d.left_alone()
+        }),
+    };
+    background.spawn(upkeep::keep(
+        upkeep,
         config.claim_probe_interval,
         shutdown.clone(),
     ));

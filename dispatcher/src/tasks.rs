@@ -12,7 +12,6 @@ use tokio::sync::Notify;
 
 use outbox_runtime::health::{self, Checks, LivenessCheck, ReadinessCheck};
 use outbox_runtime::shutdown::Shutdown;
-use outbox_shared::store::claim::{self, KeyCursor, KeyFloor, SeenHead, probe};
 use outbox_shared::store::replica::{self, Replica};
 use outbox_shared::store::{dead_letter, held_topic, outbox, pause};
 use prometheus_client::metrics::family::Family;
@@ -21,7 +20,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use crate::breaker::Breaker;
 use crate::dispatch::Dispatch;
 use crate::metrics::{Labels, Metrics};
-use crate::publisher::Publish;
+use crate::publish::Publish;
 use crate::schema::SchemaGate;
 
 /// Cap on the backlog count (an index-only scan that stops here).
@@ -474,130 +473,6 @@ pub(crate) async fn heartbeat<P: Publish>(
     {
         let _ = tx.commit().await;
     }
-}
-
-/// Keys per statement of the walks over every key.
-const WALK_KEYS: i64 = 10_000;
-
-/// Keeps the claims' floors (`crate::floors`) up to date, on two cadences, each at least a
-/// multiple of its own last duration so that neither takes a noticeable share of a core:
-/// - raising the keyed floor: a walk over every key from the floor (as cheap as the claims'
-///   walks), every second or 20 x its duration;
-/// - the probe for rows the floors passed over: a walk over every key from each key's start and
-///   the oldest unkeyed row below the floor (under a held snapshot, the walk over dead index
-///   entries the claims no longer make), every `interval` or 10 x its duration. What it finds,
-///   the claims take next.
-pub(crate) async fn keep_floors<P: Publish>(
-    d: Arc<Dispatch<P>>,
-    interval: Duration,
-    mut shutdown: Shutdown,
-) {
-    let start = tokio::time::Instant::now();
-    let (mut next_raise, mut next_probe) = (start + Duration::from_secs(1), start + interval);
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep_until(next_raise.min(next_probe)) => {},
-            _ = shutdown.requested() => return,
-        }
-        if !d.schema.is_open() {
-            // No outbox to walk on a schema behind this release (the gate says why).
-            next_raise = tokio::time::Instant::now() + Duration::from_secs(1);
-            continue;
-        }
-        let now = tokio::time::Instant::now();
-        if now >= next_raise {
-            if let Err(e) = raise_key_floor(&d).await {
-                tracing::warn!(error = %e, "Raising the keyed claim floor failed; it is tried again later.");
-            }
-            next_raise = now + Duration::from_secs(1).max(now.elapsed() * 20);
-        }
-        let now = tokio::time::Instant::now();
-        if now >= next_probe {
-            match probe_floors(&d).await {
-                Ok((unkeyed, keyed)) => {
-                    for (kind, n) in [("unkeyed", unkeyed), ("keyed", keyed)] {
-                        d.metrics
-                            .floor_stragglers
-                            .get_or_create(&vec![("kind", kind)])
-                            .inc_by(n);
-                    }
-                    if unkeyed + keyed > 0 {
-                        tracing::info!(
-                            unkeyed,
-                            keyed,
-                            took_ms = now.elapsed().as_millis() as u64,
-                            "The probe found rows below where the claims start (a long writer transaction, rows a vanished replica gave back, or a second concurrent writer of a key); the claims take them next."
-                        );
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "The floor probe failed; it runs again later.")
-                }
-            }
-            next_probe = now + interval.max(now.elapsed() * 10);
-        }
-        d.metrics
-            .old_keys
-            .set(i64::try_from(d.floors.old_keys()).unwrap_or(i64::MAX));
-    }
-}
-
-/// Walks every key, each chunk from the floor `floor_for` gives; returns everything seen and the
-/// epoch the chunks read (`None`: they differed).
-async fn walk_every_key<P: Publish>(
-    d: &Dispatch<P>,
-    floor_for: impl Fn(&KeyCursor) -> KeyFloor,
-) -> Result<(Vec<SeenHead>, Option<i64>), outbox_shared::Error> {
-    let mut cursor = KeyCursor::default();
-    let mut all = Vec::new();
-    let mut epoch: Option<Option<i64>> = None;
-    loop {
-        // In a claim transaction for its planner settings; it takes nothing.
-        let mut tx = d.claim_session.begin(&d.pool).await?;
-        let walk = claim::walk_keys(&mut tx, &cursor, WALK_KEYS, &floor_for(&cursor)).await?;
-        let _ = tx.rollback().await;
-        epoch = Some(match epoch {
-            None => Some(walk.epoch),
-            Some(e) => e.filter(|e| *e == walk.epoch),
-        });
-        all.extend(walk.seen);
-        if walk.next_cursor == KeyCursor::default() {
-            return Ok((all, epoch.flatten()));
-        }
-        cursor = walk.next_cursor;
-    }
-}
-
-/// Raises the keyed floor to what the sequence allocated a margin before a walk over every key
-/// began, the keys it saw below that becoming the old keys.
-async fn raise_key_floor<P: Publish>(d: &Dispatch<P>) -> Result<(), outbox_shared::Error> {
-    let (epoch, candidate) = d.floors.candidate();
-    let (seen, walked) = walk_every_key(d, |c| d.floors.key_floor(c, usize::MAX)).await?;
-    if walked == Some(epoch) {
-        let max_old = usize::try_from(d.settings.key_scan_limit).unwrap_or(usize::MAX);
-        d.floors.raise(epoch, candidate, &seen, max_old);
-    }
-    Ok(())
-}
-
-/// One probe: (unkeyed rows found below the floor: 0 or 1, keys found below the keyed floor).
-async fn probe_floors<P: Publish>(d: &Dispatch<P>) -> Result<(u64, u64), outbox_shared::Error> {
-    let mut unkeyed = 0;
-    if let (Some(floor), _) = d.floors.unkeyed() {
-        // In a claim transaction (its planner settings); the row it finds is locked, then let go.
-        let mut tx = d.claim_session.begin(&d.pool).await?;
-        let topics = d.settings.topics.as_deref();
-        let left_alone = d.left_alone();
-        let below = probe::unkeyed_below(&mut tx, floor, Utc::now(), topics, &left_alone).await?;
-        let _ = tx.rollback().await;
-        if let Some(due) = below {
-            d.floors.lower_unkeyed(due);
-            unkeyed = 1;
-        }
-    }
-    let (seen, epoch) = walk_every_key(d, |_| KeyFloor::default()).await?;
-    let keyed = epoch.map_or(0, |e| d.floors.probed(e, &seen));
-    Ok((unkeyed, keyed as u64))
 }
 
 /// Deletes retained published rows older than `retention`, 1,000 at a time.

@@ -9,9 +9,10 @@ use chrono::Utc;
 use outbox_runtime::shutdown::Shutdown;
 use tokio::sync::Notify;
 
-use crate::batch::{BatchOutcome, run_batch};
+use crate::batch::run_batch;
 use crate::dispatch::Dispatch;
-use crate::publisher::Publish;
+use crate::outcome::BatchOutcome;
+use crate::publish::Publish;
 
 /// Runs batches until shutdown: back-to-back while there is work, waiting on NOTIFY or the shared
 /// poll interval while idle or after a batch under a quarter full (with LISTEN on). One NOTIFY wakes one idle worker; a worker that claimed a full batch

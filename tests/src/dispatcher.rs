@@ -6,7 +6,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use outbox_dispatcher::config::{BreakerSettings, DispatcherConfig, Idle, PubsubConfig};
-use outbox_dispatcher::publisher::{Publish, PubsubPublisher};
+use outbox_dispatcher::publish::Publish;
+use outbox_dispatcher::publisher::PubsubPublisher;
 use outbox_dispatcher::{BatchOutcome, Dispatcher, DispatcherError};
 use outbox_runtime::db::DatabaseArgs;
 use outbox_runtime::shutdown::{self, Trigger};

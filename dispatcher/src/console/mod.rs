@@ -23,7 +23,8 @@
 //! local mode's `Host` check; `server.rs` the process (connect, bind, serve until a signal);
 //! `error.rs` why it cannot run; `pages.rs`, `pending.rs` and `blocked.rs` the pages and the
 //! actions; `auth.rs`, `csrf.rs` and `html.rs` the security above; `fields.rs` what a page
-//! reads; `samples.rs` and `svg.rs` the last hour and its plots.
+//! reads; `filters.rs` the lists' filters (fields, flags, form); `samples.rs` and `svg.rs` the
+//! last hour and its plots.
 
 mod args;
 mod auth;
@@ -32,6 +33,7 @@ mod csrf;
 mod error;
 mod extract;
 mod fields;
+mod filters;
 mod html;
 mod pages;
 mod pending;

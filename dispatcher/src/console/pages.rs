@@ -14,6 +14,7 @@ use axum::response::Response;
 use serde_json::Value;
 
 use super::fields::{Fields, list, text};
+use super::filters::{DEAD_LETTER_FILTERS, PENDING_FILTERS, filter_flags, filter_form};
 use super::html::{Section, esc, page, problem, table, url};
 use super::svg::chart;
 use super::{Change, Console, Who};
@@ -381,29 +382,6 @@ fn streams_section(status: &Value) -> String {
     )
 }
 
-/// The dead-letter filter fields a list takes, with their CLI flags.
-const FILTERS: &[(&str, &str)] = &[
-    ("topic", "--topic"),
-    ("kind", "--kind"),
-    ("ordering_key", "--ordering-key"),
-    ("dedupe_prefix", "--dedupe-prefix"),
-    ("failed_after", "--failed-after"),
-    ("failed_before", "--failed-before"),
-    ("error_contains", "--error-contains"),
-];
-
-/// The CLI flags of the filter fields of `filters` set in `q`.
-pub(super) fn filter_flags(q: &Fields, filters: &[(&str, &str)]) -> Vec<String> {
-    let mut flags = Vec::new();
-    for (field, flag) in filters {
-        if let Some(v) = q.get(*field).map(|v| v.trim()).filter(|v| !v.is_empty()) {
-            flags.push((*flag).to_owned());
-            flags.push(v.to_owned());
-        }
-    }
-    flags
-}
-
 /// `/dead-letters`: the filterable, paged list; with actions, replay or discard of the ticked
 /// entries or of the whole filter.
 pub async fn dead_letters(
@@ -417,7 +395,7 @@ pub async fn dead_letters(
         "--limit".into(),
         "50".into(),
     ];
-    args.extend(filter_flags(&q, FILTERS));
+    args.extend(filter_flags(&q, DEAD_LETTER_FILTERS));
     if let Some(before) = q.get("before_id").filter(|v| !v.is_empty()) {
         args.extend(["--before-id".into(), before.clone()]);
     }
@@ -426,10 +404,10 @@ pub async fn dead_letters(
         Ok(_) => Vec::new(),
         Err(e) => return problem(StatusCode::BAD_REQUEST, &who, &e),
     };
-    let mut body = filter_form("/dead-letters", FILTERS, &q, "");
+    let mut body = filter_form("/dead-letters", DEAD_LETTER_FILTERS, &q, "");
     body.push_str(&c.dead_letter_rows(&entries));
     if let Some(last) = entries.last().map(|e| text(e, "id")) {
-        let mut more: Vec<String> = FILTERS
+        let mut more: Vec<String> = DEAD_LETTER_FILTERS
             .iter()
             .filter_map(|(f, _)| q.get(*f).map(|v| format!("{f}={}", url(v))))
             .collect();
@@ -443,25 +421,6 @@ pub async fn dead_letters(
         body.push_str(&c.list_action_form(&who, &q));
     }
     page("Dead letters", &who, Section::DeadLetters, None, &body)
-}
-
-/// A list's filter form (a text field per filter of `filters`, filled from `q`, and `extra`),
-/// that GETs `path`.
-pub(super) fn filter_form(path: &str, filters: &[(&str, &str)], q: &Fields, extra: &str) -> String {
-    let inputs: String = filters
-        .iter()
-        .map(|(field, _)| {
-            format!(
-                "<label>{} <input type=\"text\" name=\"{field}\" value=\"{}\"></label> ",
-                field.replace('_', " "),
-                esc(q.get(*field).map_or("", String::as_str))
-            )
-        })
-        .collect();
-    format!(
-        "<form method=\"get\" action=\"{path}\" id=\"filter\">{inputs}{extra}\
-         <button type=\"submit\">Filter</button></form>"
-    )
 }
 
 impl Console {
@@ -510,7 +469,7 @@ impl Console {
         self.act_form(
             who,
             q,
-            FILTERS,
+            DEAD_LETTER_FILTERS,
             "entries",
             &[("replay", "Replay…"), ("discard", "Discard…")],
         )
@@ -736,8 +695,8 @@ fn change_args(f: &Fields, ids: &[String], who: &str) -> Result<(String, Vec<Str
     let mut args: Vec<String> = match action {
         "replay" | "discard" | "cancel" | "retry-now" => {
             let (group, filters) = match action {
-                "replay" | "discard" => ("dead-letters", FILTERS),
-                _ => ("pending", super::pending::FILTERS),
+                "replay" | "discard" => ("dead-letters", DEAD_LETTER_FILTERS),
+                _ => ("pending", PENDING_FILTERS),
             };
             let mut a = vec![group.to_owned(), action.to_owned()];
             if f.get("scope").map(String::as_str) == Some("filter") {

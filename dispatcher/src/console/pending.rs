@@ -11,18 +11,9 @@ use axum::response::Response;
 use serde_json::Value;
 
 use super::fields::{Fields, text};
+use super::filters::{PENDING_FILTERS, filter_flags, filter_form};
 use super::html::{Section, esc, page, problem, table, url};
 use super::{Console, Who};
-
-/// The filter fields `/pending` takes, with their CLI flags.
-pub(super) const FILTERS: &[(&str, &str)] = &[
-    ("topic", "--topic"),
-    ("ordering_key", "--ordering-key"),
-    ("dedupe_prefix", "--dedupe-prefix"),
-    ("created_after", "--created-after"),
-    ("created_before", "--created-before"),
-    ("error_contains", "--error-contains"),
-];
 
 /// `/pending`: the filterable, paged list; with actions, cancel or retry-now of the ticked
 /// messages or of the whole filter.
@@ -37,7 +28,7 @@ pub async fn page_of(
         "--limit".into(),
         "50".into(),
     ];
-    args.extend(super::pages::filter_flags(&q, FILTERS));
+    args.extend(filter_flags(&q, PENDING_FILTERS));
     let waiting = q.get("waiting").is_some_and(|v| v == "yes");
     if waiting {
         args.push("--waiting".into());
@@ -55,12 +46,12 @@ pub async fn page_of(
          only</label> ",
         if waiting { " checked" } else { "" }
     );
-    let mut body = super::pages::filter_form("/pending", FILTERS, &q, &waiting_box);
+    let mut body = filter_form("/pending", PENDING_FILTERS, &q, &waiting_box);
     body.push_str(&c.pending_rows(&rows));
     if rows.len() == 50
         && let Some(last) = rows.last().map(|r| text(r, "id"))
     {
-        let mut more: Vec<String> = FILTERS
+        let mut more: Vec<String> = PENDING_FILTERS
             .iter()
             .filter_map(|(f, _)| q.get(*f).map(|v| format!("{f}={}", url(v))))
             .collect();
@@ -77,7 +68,7 @@ pub async fn page_of(
         body.push_str(&c.act_form(
             &who,
             &q,
-            FILTERS,
+            PENDING_FILTERS,
             "messages",
             &[("retry-now", "Retry now…"), ("cancel", "Cancel…")],
         ));

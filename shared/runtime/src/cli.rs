@@ -15,7 +15,8 @@ const RUN: &str = "run";
 
 /// Makes `run`'s flags parse as `run`'s wherever they stand in `args` (the program name first):
 /// moves a `run` that follows flags to just after the program name, or inserts `run` when no
-/// command is named (unless the arguments only ask for help or the version). Values of `run`'s
+/// command is named (unless the arguments only ask for help); a version flag before the command
+/// is the binary's, and leaves the arguments as they are. Values of `run`'s
 /// flags are skipped (a config file named `run` stays a value); anything else is left for clap to
 /// judge against `cli`.
 pub fn run_first(cli: &clap::Command, mut args: Vec<OsString>) -> Vec<OsString> {
@@ -42,7 +43,11 @@ pub fn run_first(cli: &clap::Command, mut args: Vec<OsString>) -> Vec<OsString> 
             }
             return args;
         }
-        only_help &= matches!(token, "-h" | "--help" | "-V" | "--version");
+        if matches!(token, "-V" | "--version") {
+            // The binary's version, whatever follows (`dispatcher --version run`).
+            return args;
+        }
+        only_help &= matches!(token, "-h" | "--help");
         if let Some(long) = token.strip_prefix("--")
             && !long.contains('=')
             && takes_value(long)
@@ -113,6 +118,8 @@ mod tests {
             "-V",
             "--version",
             "--help --version",
+            "--version run",
+            "-V run --config x",
         ] {
             assert_eq!(order(given), given, "{given:?}");
         }

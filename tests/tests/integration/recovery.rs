@@ -12,7 +12,8 @@ use harness::process::{Process, ReservedPort, http_get};
 use harness::proxy::TcpProxy;
 use harness::pubsub::TestTopic;
 use harness::wait::wait_until;
-use outbox_dispatcher::publisher::{BatchResult, ProbeError, Publish, PubsubPublisher};
+use outbox_dispatcher::publish::{BatchResult, ProbeError, Publish};
+use outbox_dispatcher::publisher::PubsubPublisher;
 use outbox_runtime::db::DatabaseArgs;
 use outbox_shared::{ClaimedMessage, enqueue_batch};
 

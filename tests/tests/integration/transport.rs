@@ -184,7 +184,7 @@ async fn every_request_holds_one_key_within_the_limits_with_a_live_token_and_a_d
     assert!(used.len() >= 2, "tokens used: {used:?}");
     let most = publishes.iter().map(|c| c.messages()).max().unwrap_or(0);
     // A claim of 1,000 rows also holds keyed and big rows, so the unkeyed request of a batch is
-    // near 1,000, not exactly (the exact packing is `publisher::plan`'s unit test).
+    // near 1,000, not exactly (the exact packing is `parts::plan`'s unit test).
     assert!(
         most > 500,
         "unkeyed rows are packed into requests of up to 1,000: at most {most}"

@@ -13,6 +13,8 @@
 //! second concurrent writer of one key), which the probe finds. Knowledge of an older epoch is
 //! dropped, never applied: a replay may have put a row back below it.
 
+pub(crate) mod upkeep;
+
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
