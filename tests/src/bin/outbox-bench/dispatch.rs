@@ -22,7 +22,7 @@ use crate::scratch::Scratch;
 use crate::{interruptible, join_sum};
 
 /// How messages spread over ordering keys: none, or round-robin over N keys.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Keys(pub Option<usize>);
 
 impl FromStr for Keys {

@@ -96,6 +96,21 @@ pub struct RoundTripArgs {
     /// Rounds.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// Ordering-key spreads, comma-separated, each drained in every round: `none` (no key) or N
+    /// (message i gets key `key-(i % N)`); `none,1` compares a single hot key's backlog with
+    /// unkeyed rows through the same proxy.
+    #[arg(long, value_delimiter = ',', default_value = "none")]
+    pub keys: Vec<Keys>,
+    /// Only this shape, `PROCESSES:WORKERS` (default: the benchmark's shapes).
+    #[arg(long, value_parser = parse_shape)]
+    pub shape: Option<(usize, usize)>,
+}
+
+fn parse_shape(s: &str) -> Result<(usize, usize), String> {
+    let parse = |n: &str| n.parse::<usize>().ok().filter(|n| *n > 0);
+    s.split_once(':')
+        .and_then(|(p, w)| Some((parse(p)?, parse(w)?)))
+        .ok_or_else(|| format!("expected PROCESSES:WORKERS (e.g. 1:4), got {s:?}"))
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -467,6 +482,8 @@ pub async fn round_trip_bench(
     shapes: &[(usize, usize)],
 ) -> Result<()> {
     let contenders = args.common.contenders()?;
+    let only: Vec<(usize, usize)> = args.shape.into_iter().collect();
+    let shapes = if only.is_empty() { shapes } else { &only };
     BenchTopic::around(&args.common, "round-trip", async |topic: &str| {
         let proxy = harness::proxy::TcpProxy::start(&args.common.pubsub_emulator_host).await;
         proxy.set_delay(args.latency);
@@ -483,72 +500,91 @@ async fn round_trip_rounds(
     proxy: &harness::proxy::TcpProxy,
     shapes: &[(usize, usize)],
 ) -> Result<()> {
-    // (contender, shape) -> (rate, most in flight, CPU µs/msg split, bench µs/msg, cores) per round
-    type Run = (f64, u64, [f64; 3], f64, f64);
-    let mut results: HashMap<(String, usize), Vec<Run>> = HashMap::new();
+    // (contender, shape, keys) -> (rate, most in flight, CPU µs/msg split, bench µs/msg, cores,
+    // messages per request) per round
+    type Run = (f64, u64, [f64; 3], f64, f64, f64);
+    let mut results: HashMap<(String, usize, Keys), Vec<Run>> = HashMap::new();
     for round in 1..=args.rounds {
         for contender in contenders {
             for (i, (procs, workers)) in shapes.iter().enumerate() {
-                db.refill(args.rows, args.common.payload_bytes, Keys(None), topic)
+                for keys in &args.keys {
+                    db.refill(args.rows, args.common.payload_bytes, *keys, topic)
+                        .await?;
+                    proxy.reset_max_requests_in_flight();
+                    let sent_before = proxy.requests_sent();
+                    let d = run_binary(
+                        db,
+                        contender,
+                        &proxy.addr(),
+                        &env(*workers),
+                        *procs,
+                        args.rows,
+                    )
                     .await?;
-                proxy.reset_max_requests_in_flight();
-                let d = run_binary(
-                    db,
-                    contender,
-                    &proxy.addr(),
-                    &env(*workers),
-                    *procs,
-                    args.rows,
-                )
-                .await?;
-                let in_flight = proxy.max_requests_in_flight();
-                println!(
-                    "round-trip round {round}/{}: {} {procs} process(es) x {workers} worker(s): {:.0} msgs/s, at most {in_flight} requests in flight; CPU µs/msg dispatchers / PostgreSQL / emulator / bench+proxy {} / {:.1} = {:.2} cores; load {}",
-                    args.rounds,
-                    contender.label,
-                    d.rate,
-                    cpu_split(&d.cpu_us),
-                    d.bench_us,
-                    d.cores(),
-                    load_average()
-                );
-                results
-                    .entry((contender.label.clone(), i))
-                    .or_default()
-                    .push((d.rate, in_flight, d.cpu_us, d.bench_us, d.cores()));
+                    let in_flight = proxy.max_requests_in_flight();
+                    let requests = proxy.requests_sent().saturating_sub(sent_before).max(1);
+                    let per_request = args.rows as f64 / requests as f64;
+                    println!(
+                        "round-trip round {round}/{}: {} {procs} process(es) x {workers} worker(s), keys {keys}: {:.0} msgs/s, {per_request:.1} messages per request, at most {in_flight} requests in flight; CPU µs/msg dispatchers / PostgreSQL / emulator / bench+proxy {} / {:.1} = {:.2} cores; load {}",
+                        args.rounds,
+                        contender.label,
+                        d.rate,
+                        cpu_split(&d.cpu_us),
+                        d.bench_us,
+                        d.cores(),
+                        load_average()
+                    );
+                    results
+                        .entry((contender.label.clone(), i, *keys))
+                        .or_default()
+                        .push((
+                            d.rate,
+                            in_flight,
+                            d.cpu_us,
+                            d.bench_us,
+                            d.cores(),
+                            per_request,
+                        ));
+                }
             }
         }
     }
     println!(
-        "\n{} rows, {:?} added per direction, {} rounds",
-        args.rows, args.latency, args.rounds
+        "\n{} rows, {:?} added per direction, {} rounds; ratios: to {} x {} with the same keys, and to keys {} with the same shape (per round, median)",
+        args.rows, args.latency, args.rounds, shapes[0].0, shapes[0].1, args.keys[0]
     );
     println!(
-        "| dispatcher | processes x workers | median msgs/s | min | max | most requests in flight | ratio to {} x {} (per round, median) | CPU µs/msg: dispatchers / PostgreSQL / emulator / bench+proxy (medians) | cores busy (median) |",
-        shapes[0].0, shapes[0].1
+        "| dispatcher | processes x workers | keys | median msgs/s | min | max | messages per request | most requests in flight | ratio to {} x {} | ratio to keys {} | CPU µs/msg: dispatchers / PostgreSQL / emulator / bench+proxy (medians) | cores busy (median) |",
+        shapes[0].0, shapes[0].1, args.keys[0]
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for contender in contenders {
-        let base = &results[&(contender.label.clone(), 0)];
         for (i, (procs, workers)) in shapes.iter().enumerate() {
-            let runs = &results[&(contender.label.clone(), i)];
-            let s = summary(runs.iter().map(|r| r.0));
-            let ratio = summary(runs.iter().zip(base).map(|(r, b)| r.0 / b.0));
-            let part = |i: usize| summary(runs.iter().map(|r| r.2[i])).median;
-            println!(
-                "| {} | {procs} x {workers} | {:.0} | {:.0} | {:.0} | {} | {:.2} | {:.1} / {:.1} / {:.1} / {:.1} | {:.2} |",
-                contender.label,
-                s.median,
-                s.min,
-                s.max,
-                runs.iter().map(|r| r.1).max().unwrap_or(0),
-                ratio.median,
-                part(0),
-                part(1),
-                part(2),
-                summary(runs.iter().map(|r| r.3)).median,
-                summary(runs.iter().map(|r| r.4)).median
-            );
+            for keys in &args.keys {
+                let runs = &results[&(contender.label.clone(), i, *keys)];
+                let base_shape = &results[&(contender.label.clone(), 0, *keys)];
+                let base_keys = &results[&(contender.label.clone(), i, args.keys[0])];
+                let s = summary(runs.iter().map(|r| r.0));
+                let ratio =
+                    |base: &Vec<Run>| summary(runs.iter().zip(base).map(|(r, b)| r.0 / b.0)).median;
+                let part = |i: usize| summary(runs.iter().map(|r| r.2[i])).median;
+                println!(
+                    "| {} | {procs} x {workers} | {keys} | {:.0} | {:.0} | {:.0} | {:.1} | {} | {:.2} | {:.2} | {:.1} / {:.1} / {:.1} / {:.1} | {:.2} |",
+                    contender.label,
+                    s.median,
+                    s.min,
+                    s.max,
+                    summary(runs.iter().map(|r| r.5)).median,
+                    runs.iter().map(|r| r.1).max().unwrap_or(0),
+                    ratio(base_shape),
+                    ratio(base_keys),
+                    part(0),
+                    part(1),
+                    part(2),
+                    summary(runs.iter().map(|r| r.3)).median,
+                    summary(runs.iter().map(|r| r.4)).median
+                );
+            }
         }
     }
     Ok(())
