@@ -131,15 +131,25 @@ async fn take<'d, P: Publish>(
     } else {
         KeyFloor::default()
     };
-    let keyed = claim::claim_ordered(tx, &ordered, &cursor, &floor).await?;
+    let mut keyed = claim::claim_ordered(tx, &ordered, &cursor, &floor).await?;
+    if serving
+        && keyed.messages.is_empty()
+        && keyed.next_cursor == KeyCursor::default()
+        && cursor != KeyCursor::default()
+    {
+        // The walk began after the first keys and reached the end taking nothing: the keys
+        // before the cursor come next (a hot key that filled the last batch is one of them).
+        d.floors.saw(keyed.epoch, keyed.allocated, &keyed.seen);
+        let start = KeyCursor::default();
+        let floor = d.floors.key_floor(
+            &start,
+            usize::try_from(ordered.scan_limit).unwrap_or(usize::MAX),
+        );
+        keyed = claim::claim_ordered(tx, &ordered, &start, &floor).await?;
+    }
     if serving {
         d.floors.saw(keyed.epoch, keyed.allocated, &keyed.seen);
-        d.keys.learn(
-            keyed.keys,
-            keyed.saturated_keys,
-            max_keys,
-            keyed.next_cursor,
-        );
+        d.keys.learn(&keyed, max_keys, keyed.next_cursor.clone());
     }
     let mut claimed = keyed.messages;
     let room = filter.limit - claimed.len() as i64;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 use tokio::sync::Semaphore;
 
-use outbox_shared::store::claim::KeyCursor;
+use outbox_shared::store::claim::{KeyCursor, OrderedBatch};
 
 use crate::breaker::Breaker;
 use crate::config::{BatchSettings, DispatcherConfig, Idle, RefusalSettings};
@@ -176,11 +176,11 @@ impl ByteBudget {
     }
 }
 
-/// The fewest ordering keys a claim adapts down to.
-const MIN_KEYS_PER_CLAIM: i64 = 4;
-
 /// The round-robin walk over ordering keys, shared by the workers of a process so they spread
-/// over the keys, and the number of keys per claim, adapted to the backlog's shape.
+/// over the keys, and the number of keys a claim picks, adapted to the backlog's shape: a claim
+/// fills the batch key by key (`outbox_shared::store::claim::claim_ordered`), and a key picked
+/// after the room ran out is locked for nothing (another worker skips it meanwhile), so a claim
+/// picks about as many keys as the last ones filled the batch with.
 #[derive(Debug)]
 pub(crate) struct KeyWalk {
     cursor: std::sync::Mutex<KeyCursor>,
@@ -197,29 +197,40 @@ impl KeyWalk {
         }
     }
 
-    /// Where the next ordered claim starts and how many keys it may take.
+    /// Where the next ordered claim starts and how many keys it may pick.
     pub(crate) fn next(&self) -> (KeyCursor, i64) {
         let cursor = self.cursor.lock().map(|c| c.clone()).unwrap_or_default();
         (cursor, self.keys_per_claim.load(Ordering::Relaxed))
     }
 
-    /// Learns from a claim that took `keys` keys (`saturated` of them had more rows than their
-    /// share) with at most `max_keys`: when most keys were deep, take fewer keys (more rows each,
-    /// fewer publish requests, and keys left for other workers); when the key limit was the
-    /// bottleneck, take more.
-    pub(crate) fn learn(&self, keys: usize, saturated: usize, max_keys: i64, next: KeyCursor) {
-        let adjusted = if keys > 0 && saturated * 2 > keys {
-            (max_keys / 2).max(MIN_KEYS_PER_CLAIM.min(self.batch_size))
-        } else if keys as i64 >= max_keys {
-            (max_keys * 2).min(self.batch_size)
-        } else {
-            max_keys
-        };
+    /// Learns from a claim that picked at most `max_keys` keys and resumes at `next` (see
+    /// [`keys_to_pick`]).
+    pub(crate) fn learn(&self, claim: &OrderedBatch, max_keys: i64, next: KeyCursor) {
+        let rows = i64::try_from(claim.messages.len()).unwrap_or(i64::MAX);
+        let adjusted = keys_to_pick(claim, rows, max_keys, self.batch_size);
         self.keys_per_claim.store(adjusted, Ordering::Relaxed);
         if let Ok(mut c) = self.cursor.lock() {
             *c = next;
         }
     }
+}
+
+/// How many keys the next claim picks, after one that picked at most `max_keys` and took `rows`
+/// rows: when the rows filled the batch, as many keys as gave rows and a quarter more (a key
+/// picked and left without room costs little); when the keys ran out first, as many as would
+/// fill the batch at this claim's rows per key (at least twice as many); otherwise (the walk
+/// found no more due keys) as many as before.
+pub(crate) fn keys_to_pick(claim: &OrderedBatch, rows: i64, max_keys: i64, batch: i64) -> i64 {
+    let used = i64::try_from(claim.keys).unwrap_or(i64::MAX);
+    let picked = i64::try_from(claim.picked_keys).unwrap_or(i64::MAX);
+    let keys = if claim.filled {
+        used + used / 4 + 1
+    } else if picked >= max_keys && rows > 0 {
+        (batch.saturating_mul(picked) / rows).max(max_keys.saturating_mul(2))
+    } else {
+        max_keys
+    };
+    keys.clamp(1, batch.max(1))
 }
 
 /// How long idle workers sleep between polls, shared by the workers of a process: any worker
@@ -264,4 +275,35 @@ impl SharedIdle {
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(keys: usize, picked: usize, filled: bool) -> OrderedBatch {
+        OrderedBatch {
+            keys,
+            picked_keys: picked,
+            filled,
+            ..OrderedBatch::default()
+        }
+    }
+
+    #[test]
+    fn a_claim_picks_about_as_many_keys_as_filled_the_last_batch() {
+        // 1,000 keys of 100 rows, 500 keys picked: 5 keys filled the batch.
+        assert_eq!(keys_to_pick(&claim(5, 500, true), 500, 500, 500), 7);
+        // A hot key filled it alone.
+        assert_eq!(keys_to_pick(&claim(1, 2, true), 500, 2, 500), 2);
+        // One row per key and the keys ran out first: as many as fill the batch.
+        assert_eq!(keys_to_pick(&claim(7, 7, false), 7, 7, 500), 500);
+        // Two rows per key: half as many.
+        assert_eq!(keys_to_pick(&claim(8, 8, false), 16, 8, 500), 250);
+        // Few keys are due: as before.
+        assert_eq!(keys_to_pick(&claim(3, 3, false), 3, 7, 500), 7);
+        // Never more than the batch, never none.
+        assert_eq!(keys_to_pick(&claim(500, 500, true), 500, 500, 500), 500);
+        assert_eq!(keys_to_pick(&claim(0, 0, false), 0, 0, 500), 1);
+    }
 }

@@ -10,7 +10,10 @@
 //! - [`claim_batch`]: rows **without** an ordering key, oldest due first; any worker may take any.
 //! - [`claim_ordered`]: **keys**. A worker takes a (topic, ordering key) by locking its head row
 //!   (lowest unpublished id) with `FOR UPDATE SKIP LOCKED`, then the rows behind it in id order,
-//!   stopping at the first row that is not due. So one key is only ever in one worker's hands, a
+//!   stopping at the first row that is not due. The batch is filled key by key in walk order, each
+//!   key giving as many rows as the room left takes, so a key with a backlog goes out in requests
+//!   of many messages (Pub/Sub takes one ordering key per request), and a batch of single-row keys
+//!   holds as many keys as rows. So one key is only ever in one worker's hands, a
 //!   key whose head waits for a retry (or sits in the dead-letter table) holds back only its own
 //!   rows, and every other key flows. Keys are visited round-robin from a cursor, so a few busy or
 //!   blocked keys cannot starve the rest. Row locks live in the tuples, not in PostgreSQL's shared

@@ -28,7 +28,9 @@ pub struct OrderedClaim<'a> {
     pub scan_limit: i64,
     /// Topics whose keys skip dead-lettered messages instead of blocking behind them.
     pub skip_dead_letter_topics: &'a [String],
-    /// Take at most this many keys; the row limit is shared evenly among the keys taken.
+    /// Pick (lock the heads of) at most this many keys; the batch is filled key by key in walk
+    /// order, each key giving as many of its rows as the room left takes, so the keys picked
+    /// after the room ran out give nothing this time.
     pub max_keys: i64,
 }
 
@@ -68,11 +70,13 @@ pub struct OrderedBatch {
     pub messages: Vec<ClaimedMessage>,
     /// Where the next claim should resume.
     pub next_cursor: KeyCursor,
-    /// Keys taken.
+    /// Keys that gave rows.
     pub keys: usize,
-    /// Keys that had more rows than their share of the row limit (fewer keys per claim would
-    /// have filled the batch with fewer publish requests).
-    pub saturated_keys: usize,
+    /// Keys picked (their heads locked), some of which may have given nothing: the room ran out
+    /// first.
+    pub picked_keys: usize,
+    /// Whether the rows filled the room (the row limit), rather than the keys running out.
+    pub filled: bool,
     /// Every key the walk visited, with the head it had (for the next claims' floor).
     pub seen: Vec<SeenHead>,
     /// The claim epoch the walk read (another than the floor's: the floor was not used).
@@ -87,6 +91,8 @@ struct KeyedRow {
     last_topic: Option<String>,
     last_key: Option<String>,
     visited: Option<i64>,
+    picked_keys: Option<i64>,
+    filled_rows: Option<bool>,
     /// The keys visited and their heads, and the claim epoch (on the walk's row only).
     seen_topics: Option<Vec<String>>,
     seen_keys: Option<Vec<String>>,
@@ -111,6 +117,8 @@ struct KeyedRow {
 #[derive(Debug, Default)]
 struct WalkReport {
     visited: i64,
+    picked_keys: i64,
+    filled: bool,
     last: Option<(String, String)>,
     seen: Vec<SeenHead>,
     epoch: Option<i64>,
@@ -140,6 +148,8 @@ impl KeyedRow {
         };
         Some(WalkReport {
             visited,
+            picked_keys: self.picked_keys.unwrap_or(0),
+            filled: self.filled_rows.unwrap_or(false),
             last: self.last_topic.take().zip(self.last_key.take()),
             seen,
             epoch: self.epoch,
@@ -171,7 +181,8 @@ impl KeyedRow {
 const CLAIM_ORDERED: &str = include_str!("../sql/claim_ordered.sql");
 
 /// Claims whole ordering keys (see the module doc) and returns the publishable prefix of each:
-/// its rows from the head in id order, up to the first row not yet due.
+/// its rows from the head in id order, up to the first row not yet due, as many as the room
+/// left takes, key after key in walk order (so a key with a backlog fills requests).
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
 pub async fn claim_ordered(
     conn: &mut PgConnection,
@@ -245,7 +256,6 @@ async fn walk(
             found.push(claimed);
         }
     }
-    let (found, saturated_keys) = truncate_shares(found, f.limit);
     let messages = publishable_prefixes(found, f.now);
     let next_cursor = match report.last {
         Some((topic, ordering_key)) if report.visited >= claim.scan_limit => KeyCursor {
@@ -259,8 +269,9 @@ async fn walk(
     Ok(OrderedBatch {
         messages,
         next_cursor,
-        saturated_keys,
         keys,
+        picked_keys: usize::try_from(report.picked_keys).unwrap_or(0),
+        filled: report.filled,
         seen: report.seen,
         epoch: report.epoch.unwrap_or(floor.epoch),
         allocated: report.allocated,
@@ -288,39 +299,6 @@ pub fn publishable_prefixes(
         out.push(message);
     }
     out
-}
-
-/// Cuts each key to its share of the row limit (`limit / keys`, as the claim computed it) and
-/// counts the keys that had more rows than that (the claim fetched one extra row to tell).
-fn truncate_shares(
-    found: Vec<(ClaimedMessage, DateTime<Utc>)>,
-    limit: i64,
-) -> (Vec<(ClaimedMessage, DateTime<Utc>)>, usize) {
-    let mut keys: Vec<(String, Option<String>)> = found
-        .iter()
-        .map(|(m, _)| (m.topic.clone(), m.ordering_key.clone()))
-        .collect();
-    keys.dedup();
-    let share = (usize::try_from(limit).unwrap_or(1) / keys.len().max(1)).max(1);
-    let mut out = Vec::with_capacity(found.len());
-    let mut saturated = 0;
-    let mut taken = 0;
-    let mut last: Option<(String, Option<String>)> = None;
-    for (m, due) in found {
-        let key = (m.topic.clone(), m.ordering_key.clone());
-        if last.as_ref() != Some(&key) {
-            last = Some(key);
-            taken = 0;
-        }
-        taken += 1;
-        if taken == share + 1 {
-            saturated += 1;
-        }
-        if taken <= share {
-            out.push((m, due));
-        }
-    }
-    (out, saturated)
 }
 
 fn count_keys(messages: &[ClaimedMessage]) -> usize {
@@ -372,22 +350,6 @@ mod tests {
             vec![1, 6, 7],
             "a stops before 2, b is blocked at its head, c flows"
         );
-    }
-
-    #[test]
-    fn shares_are_cut_and_keys_with_more_rows_are_counted() {
-        let now = Utc::now();
-        let rows = vec![
-            (msg(1, "a"), now),
-            (msg(2, "a"), now),
-            (msg(3, "a"), now),
-            (msg(4, "b"), now),
-        ];
-        // limit 4 over 2 keys: share 2; "a" brought a third row, so it has more.
-        let (kept, saturated) = truncate_shares(rows, 4);
-        let ids: Vec<i64> = kept.iter().map(|(m, _)| m.id).collect();
-        assert_eq!(ids, vec![1, 2, 4]);
-        assert_eq!(saturated, 1);
     }
 
     #[test]

@@ -1,4 +1,5 @@
--- claim_ordered (claim/ordered.rs): whole ordering keys, a publishable prefix of each. The steps:
+-- claim_ordered (claim/ordered.rs): whole ordering keys, a publishable prefix of each, filling
+-- the batch key by key (a key with a backlog goes out in full requests). The steps:
 -- floor, old: where this replica knows the live keyed rows start ($13: every live row with a
 -- lower id belongs to one of the old keys, $9, $10, $11: each with the head it last had), so the
 -- walk passes over the index entries below the floor without fetching their rows (an index
@@ -12,7 +13,8 @@
 -- a dead letter, and not locked by another worker (the head row lock is the key lock; the
 -- lateral locks a head only once its key qualifies).
 -- $1, $2 the key cursor; $3 keys visited at most; $4 now; $5 topics (NULL: all); $6 topics
--- whose keys skip dead letters; $7 rows at most; $8 keys at most (0: a walk that takes none);
+-- whose keys skip dead letters; $7 rows at most; $8 keys picked at most (0: a walk that takes
+-- none);
 -- $9, $10, $11 the old keys' topics, ordering keys and last heads; $12 the epoch they were seen
 -- in; $13 the floor; $14 topics this replica leaves alone now (held, or slowed down by quota).
 WITH RECURSIVE
@@ -96,28 +98,51 @@ picked AS MATERIALIZED (
     WHERE h.stop IS NULL OR h.id < h.stop
     LIMIT $8
 ),
-share AS (SELECT GREATEST(1, $7 / GREATEST(1, (SELECT count(*) FROM picked)))::bigint AS per_key),
--- Each picked key's first rows (one more than its share tells whether it has more): a
--- range walk of the key index from the key's head to the key's end, read without locks (the
--- head's lock is the key's); then locked by id. The bounds: the topic's equality and
--- `ordering_key <= key` end the scan with the key (a walk ended only by its LIMIT ran on into
--- the next keys' entries when a key had fewer rows, fetching every published row there under a
--- held snapshot). Not an equality on the key: with one, the order reduces to id and the primary
--- key offers it, which the planner took on stale statistics, walking every row; the row
--- comparison `(ordering_key, id) >= (key, head)` gives the start.
-key_rows AS (
-    SELECT r.id FROM picked p
-    CROSS JOIN LATERAL (
-        SELECT o.id
-        FROM pubsub_outbox o
-        WHERE o.published_at IS NULL AND o.ordering_key IS NOT NULL
-          AND o.topic = p.topic
-          AND (o.ordering_key, o.id) >= (p.ordering_key, p.id)
-          AND o.ordering_key <= p.ordering_key
-        ORDER BY o.topic, o.ordering_key, o.id
-        LIMIT (SELECT per_key + 1 FROM share)) r
-    WHERE p.stop IS NULL OR r.id < p.stop
+-- The picked keys in walk order.
+taken AS MATERIALIZED (
+    SELECT coalesce(array_agg(p.id ORDER BY p.n), '{}') AS heads,
+           coalesce(array_agg(p.topic ORDER BY p.n), '{}') AS topics,
+           coalesce(array_agg(p.ordering_key ORDER BY p.n), '{}') AS keys,
+           coalesce(array_agg(p.stop ORDER BY p.n), '{}') AS stops,
+           count(*) AS k
+    FROM picked p
 ),
+-- The fill: the picked keys in walk order, each giving the room left ($7 rows in all) as many
+-- of its rows as it has, from its head in id order, up to its first blocking position; the
+-- fill ends when the room does (the keys after that stay picked, their heads locked, and give
+-- nothing: the caller picks about as many keys as the last claims filled). Each step fetches
+-- one row more than the room (`more`: the key was cut). The rows are read without locks (the
+-- head's lock is the key's), then locked by id. A range walk of the key index from the key's
+-- head to the key's end: the topic's equality and `ordering_key <= key` end the scan with the
+-- key (a walk ended only by its LIMIT ran on into the next keys' entries when a key had fewer
+-- rows, fetching every published row there under a held snapshot). Not an equality on the key:
+-- with one, the order reduces to id and the primary key offers it, which the planner took on
+-- stale statistics, walking every row; the row comparison `(ordering_key, id) >= (key, head)`
+-- gives the start.
+fill(i, room, ids, more) AS (
+    SELECT 0, $7::bigint, '{}'::bigint[], false
+    UNION ALL
+    SELECT f.i + 1, f.room - least(cardinality(r.ids), f.room), r.ids[1:f.room::int],
+           cardinality(r.ids) > f.room
+    FROM fill f
+    CROSS JOIN LATERAL (
+        SELECT ARRAY(
+            SELECT o.id
+            FROM pubsub_outbox o
+            WHERE o.published_at IS NULL AND o.ordering_key IS NOT NULL
+              AND o.topic = (SELECT topics FROM taken)[f.i + 1]
+              AND (o.ordering_key, o.id) >= ((SELECT keys FROM taken)[f.i + 1],
+                                             (SELECT heads FROM taken)[f.i + 1])
+              AND o.ordering_key <= (SELECT keys FROM taken)[f.i + 1]
+              AND o.id < coalesce((SELECT stops FROM taken)[f.i + 1], 9223372036854775807)
+            ORDER BY o.topic, o.ordering_key, o.id
+            LIMIT f.room + 1) AS ids
+        -- Evaluated once (OFFSET 0 keeps the subquery from being pulled up into the three
+        -- expressions that read its array, each of which would walk the key again).
+        OFFSET 0) r
+    WHERE f.i < (SELECT k FROM taken) AND f.room > 0
+),
+key_rows AS (SELECT unnest(f.ids) AS id FROM fill f WHERE f.i > 0),
 claimed AS (
     SELECT o.id, o.topic, o.ordering_key, o.dedupe_key, o.payload, o.attributes,
            o.traceparent, o.tracestate, o.attempts, o.created_at, o.next_attempt_at
@@ -125,27 +150,38 @@ claimed AS (
     WHERE o.id = ANY(ARRAY(SELECT id FROM key_rows)) AND o.published_at IS NULL
     FOR UPDATE OF o
 ),
--- Resume after the last key picked when the batch filled up (the walk stopped there);
--- otherwise after the last key visited, or from the start when the walk reached the end.
--- Every key the walk visited is reported with the head seen there (NULL: none left), with the
--- epoch and how far the id sequence has allocated, for the floor and the old keys of the next
--- claims; read as far as the walk went (LIMIT, in walk order, so the report does not drive the
--- walk further). A walk that takes no key ($8 = 0) goes to $3 steps or the end.
-filled AS MATERIALIZED (SELECT $8 > 0 AND (SELECT count(*) FROM picked) >= $8 AS yes),
+-- Where the next claim resumes: after the last key that got rows when the room ran out (the
+-- keys picked after it give nothing and are walked again next), after the last key picked when
+-- the keys ran out, otherwise after the last key visited, or from the start when the walk
+-- reached the end. Every key the walk visited is reported with the head seen there (NULL: none
+-- left), with the epoch and how far the id sequence has allocated, for the floor and the old
+-- keys of the next claims; read as far as the walk went (LIMIT, in walk order, so the report
+-- does not drive the walk further). A walk that takes no key ($8 = 0) goes to $3 steps or the
+-- end. The caller learns from how many keys were picked and whether the rows filled the room.
+stopped AS MATERIALIZED (
+    SELECT $8 > 0 AND (SELECT min(room) FROM fill) <= 0 AS by_rows,
+           $8 > 0 AND (SELECT count(*) FROM picked) >= $8 AS by_keys,
+           (SELECT max(i) FROM fill WHERE cardinality(ids) > 0) AS last_used
+),
 walk AS (
-    SELECT CASE WHEN (SELECT yes FROM filled)
+    SELECT CASE WHEN t.by_rows
+                THEN ARRAY[(SELECT topics FROM taken)[t.last_used], (SELECT keys FROM taken)[t.last_used]]
+                WHEN t.by_keys
                 THEN (SELECT ARRAY[topic, ordering_key] FROM picked ORDER BY n DESC LIMIT 1)
                 ELSE (SELECT ARRAY[topic, ordering_key] FROM visited ORDER BY n DESC LIMIT 1) END AS last,
-           CASE WHEN (SELECT yes FROM filled) THEN $3::bigint
+           CASE WHEN t.by_rows OR t.by_keys THEN $3::bigint
                 ELSE (SELECT count(*) FROM visited) END AS visited,
-           CASE WHEN (SELECT yes FROM filled) THEN (SELECT max(n) FROM picked) END AS went
+           CASE WHEN t.by_rows OR t.by_keys THEN (SELECT max(n) FROM picked) END AS went,
+           (SELECT count(*) FROM picked) AS picked_keys,
+           t.by_rows AS filled_rows
+    FROM stopped t
 ),
 seen AS (
     SELECT array_agg(v.topic) AS topics, array_agg(v.ordering_key) AS keys, array_agg(v.id) AS heads
     FROM (SELECT topic, ordering_key, id FROM visited LIMIT (SELECT went FROM walk)) v
 )
 -- One row of the walk's report, then the claimed rows by key, each key in id order.
-SELECT w.last[1] AS last_topic, w.last[2] AS last_key, w.visited,
+SELECT w.last[1] AS last_topic, w.last[2] AS last_key, w.visited, w.picked_keys, w.filled_rows,
        s.topics AS seen_topics, s.keys AS seen_keys, s.heads AS seen_heads,
        (SELECT epoch FROM epoch) AS epoch,
        (SELECT last_value FROM pubsub_outbox_id_seq) AS allocated,
@@ -154,7 +190,7 @@ SELECT w.last[1] AS last_topic, w.last[2] AS last_key, w.visited,
        NULL::text AS traceparent, NULL::text AS tracestate, NULL::int AS attempts, NULL::timestamptz AS created_at, NULL::timestamptz AS next_attempt_at
 FROM walk w CROSS JOIN seen s
 UNION ALL
-(SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+(SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
         c.id, c.topic, c.ordering_key, c.dedupe_key, c.payload, c.attributes, c.traceparent,
         c.tracestate, c.attempts,
         c.created_at, c.next_attempt_at
