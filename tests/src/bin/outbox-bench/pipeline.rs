@@ -129,6 +129,9 @@ pub struct LatencyArgs {
     /// Rounds.
     #[arg(long, default_value_t = 1)]
     pub rounds: usize,
+    /// Ordering keys the transactions spread over, round-robin (`none`: unkeyed rows).
+    #[arg(long, default_value = "none")]
+    pub keys: Keys,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -692,8 +695,8 @@ pub async fn latency_bench(db: &Scratch, args: &LatencyArgs) -> Result<()> {
         }
     }
     println!(
-        "\n{} single-row transactions/s from {} writers, {} s each ({} B payloads)",
-        args.rate, args.writers, args.seconds, args.common.payload_bytes
+        "\n{} single-row transactions/s from {} writers, {} s each ({} B payloads, keys: {})",
+        args.rate, args.writers, args.seconds, args.common.payload_bytes, args.keys
     );
     println!(
         "| dispatcher | wake-up | messages | commit → publish p50 (ms) | p95 | p99 | max | commit → delivery p99 | dispatcher CPU (cores) | batches/s | empty claims/s |"
@@ -786,13 +789,19 @@ async fn latency_run(
         let timings = timings.clone();
         let topic = topic.topic.clone();
         let payload = vec![3u8; args.common.payload_bytes];
+        let (keys, writers_n) = (args.keys, args.writers as usize);
         writers.spawn(async move {
             let mut tick = tokio::time::interval(per_writer);
             let mut n = 0usize;
             while started.elapsed() < run_for {
                 tick.tick().await;
                 let key = format!("lat-{w}-{n}");
-                let message = NewMessage::new(topic.clone(), key.clone(), payload.clone());
+                let mut message = NewMessage::new(topic.clone(), key.clone(), payload.clone());
+                if let Some(k) = keys.0 {
+                    // Writer w's n-th row: the keys round-robin across all writers' rows.
+                    message = message
+                        .with_ordering_key(format!("key-{}", (n * writers_n + w as usize) % k));
+                }
                 let mut tx = pool.begin().await?;
                 enqueue_batch(&mut tx, std::slice::from_ref(&message)).await?;
                 notify(&mut tx, outbox_shared::DEFAULT_NOTIFY_CHANNEL).await?;
