@@ -98,11 +98,10 @@ picked AS MATERIALIZED (
     WHERE h.stop IS NULL OR h.id < h.stop
     LIMIT $8
 ),
--- The picked keys in walk order.
+-- The picked keys in walk order (their heads and blocking positions: ids, so each step of the
+-- fill reads its key's entry in constant time; the key itself is read from its head row).
 taken AS MATERIALIZED (
     SELECT coalesce(array_agg(p.id ORDER BY p.n), '{}') AS heads,
-           coalesce(array_agg(p.topic ORDER BY p.n), '{}') AS topics,
-           coalesce(array_agg(p.ordering_key ORDER BY p.n), '{}') AS keys,
            coalesce(array_agg(p.stop ORDER BY p.n), '{}') AS stops,
            count(*) AS k
     FROM picked p
@@ -126,15 +125,19 @@ fill(i, room, ids, more) AS (
            cardinality(r.ids) > f.room
     FROM fill f
     CROSS JOIN LATERAL (
+        SELECT (SELECT heads FROM taken)[f.i + 1] AS head,
+               coalesce((SELECT stops FROM taken)[f.i + 1], 9223372036854775807) AS stop) t
+    CROSS JOIN LATERAL (
+        SELECT h.topic, h.ordering_key FROM pubsub_outbox h WHERE h.id = t.head) k
+    CROSS JOIN LATERAL (
         SELECT ARRAY(
             SELECT o.id
             FROM pubsub_outbox o
             WHERE o.published_at IS NULL AND o.ordering_key IS NOT NULL
-              AND o.topic = (SELECT topics FROM taken)[f.i + 1]
-              AND (o.ordering_key, o.id) >= ((SELECT keys FROM taken)[f.i + 1],
-                                             (SELECT heads FROM taken)[f.i + 1])
-              AND o.ordering_key <= (SELECT keys FROM taken)[f.i + 1]
-              AND o.id < coalesce((SELECT stops FROM taken)[f.i + 1], 9223372036854775807)
+              AND o.topic = k.topic
+              AND (o.ordering_key, o.id) >= (k.ordering_key, t.head)
+              AND o.ordering_key <= k.ordering_key
+              AND o.id < t.stop
             ORDER BY o.topic, o.ordering_key, o.id
             LIMIT f.room + 1) AS ids
         -- Evaluated once (OFFSET 0 keeps the subquery from being pulled up into the three
@@ -165,7 +168,8 @@ stopped AS MATERIALIZED (
 ),
 walk AS (
     SELECT CASE WHEN t.by_rows
-                THEN ARRAY[(SELECT topics FROM taken)[t.last_used], (SELECT keys FROM taken)[t.last_used]]
+                THEN (SELECT ARRAY[h.topic, h.ordering_key] FROM pubsub_outbox h
+                      WHERE h.id = (SELECT heads FROM taken)[t.last_used])
                 WHEN t.by_keys
                 THEN (SELECT ARRAY[topic, ordering_key] FROM picked ORDER BY n DESC LIMIT 1)
                 ELSE (SELECT ARRAY[topic, ordering_key] FROM visited ORDER BY n DESC LIMIT 1) END AS last,
