@@ -9,7 +9,9 @@ use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 use outbox_shared::ClaimedMessage;
-use outbox_shared::store::claim::{self, ClaimFilter, KeyCursor, KeyFloor, OrderedClaim};
+use outbox_shared::store::claim::{
+    self, ClaimFilter, KeyCursor, KeyFloor, OrderedBatch, OrderedClaim,
+};
 use sqlx::{PgConnection, Postgres, Transaction};
 use tracing::Instrument as _;
 
@@ -123,34 +125,7 @@ async fn take<'d, P: Publish>(
         max_keys,
     };
     let serving = scope == Scope::Serve;
-    let floor = if serving {
-        d.floors.key_floor(
-            &cursor,
-            usize::try_from(ordered.scan_limit).unwrap_or(usize::MAX),
-        )
-    } else {
-        KeyFloor::default()
-    };
-    let mut keyed = claim::claim_ordered(tx, &ordered, &cursor, &floor).await?;
-    if serving
-        && keyed.messages.is_empty()
-        && keyed.next_cursor == KeyCursor::default()
-        && cursor != KeyCursor::default()
-    {
-        // The walk began after the first keys and reached the end taking nothing: the keys
-        // before the cursor come next (a hot key that filled the last batch is one of them).
-        d.floors.saw(keyed.epoch, keyed.allocated, &keyed.seen);
-        let start = KeyCursor::default();
-        let floor = d.floors.key_floor(
-            &start,
-            usize::try_from(ordered.scan_limit).unwrap_or(usize::MAX),
-        );
-        keyed = claim::claim_ordered(tx, &ordered, &start, &floor).await?;
-    }
-    if serving {
-        d.floors.saw(keyed.epoch, keyed.allocated, &keyed.seen);
-        d.keys.learn(&keyed, max_keys, keyed.next_cursor.clone());
-    }
+    let keyed = take_keys(d, tx, &ordered, cursor, serving).await?;
     let mut claimed = keyed.messages;
     let room = filter.limit - claimed.len() as i64;
     if room > 0 {
@@ -171,6 +146,42 @@ async fn take<'d, P: Publish>(
         claimed.extend(batch.messages);
     }
     Ok((claimed, give_back))
+}
+
+/// The keyed part of a claim: whole keys from `cursor` (serving: from the floors, and the key
+/// walk learns from it; a probe: from the outbox's start).
+async fn take_keys<P: Publish>(
+    d: &Dispatch<P>,
+    tx: &mut PgConnection,
+    ordered: &OrderedClaim<'_>,
+    cursor: KeyCursor,
+    serving: bool,
+) -> Result<OrderedBatch, DispatcherError> {
+    let scan = usize::try_from(ordered.scan_limit).unwrap_or(usize::MAX);
+    let floor = if serving {
+        d.floors.key_floor(&cursor, scan)
+    } else {
+        KeyFloor::default()
+    };
+    let mut keyed = claim::claim_ordered(tx, ordered, &cursor, &floor).await?;
+    if serving
+        && keyed.messages.is_empty()
+        && keyed.next_cursor == KeyCursor::default()
+        && cursor != KeyCursor::default()
+    {
+        // The walk began after the first keys and reached the end taking nothing: the keys
+        // before the cursor come next (a hot key that filled the last batch is one of them).
+        d.floors.saw(keyed.epoch, keyed.allocated, &keyed.seen);
+        let start = KeyCursor::default();
+        let floor = d.floors.key_floor(&start, scan);
+        keyed = claim::claim_ordered(tx, ordered, &start, &floor).await?;
+    }
+    if serving {
+        d.floors.saw(keyed.epoch, keyed.allocated, &keyed.seen);
+        d.keys
+            .learn(&keyed, ordered.max_keys, keyed.next_cursor.clone());
+    }
+    Ok(keyed)
 }
 
 /// The unkeyed rows of a batch go back to the queue at their place unless the batch settles

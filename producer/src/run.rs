@@ -26,10 +26,10 @@
 use std::time::Instant;
 
 use outbox_runtime::shutdown::Shutdown;
-use outbox_shared::NewMessage;
 use outbox_shared::store::dead_letter::{self, Rejection};
 use outbox_shared::store::run_ledger::{self, Counts, Outcome};
 use outbox_shared::store::{lookback, notify, outbox, watermark};
+use outbox_shared::{NewMessage, TraceContext};
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio::sync::mpsc::{Receiver, Sender};
 
@@ -409,31 +409,9 @@ impl Run<'_> {
         } else {
             vec![true; page.len()]
         };
-        let mut seen_before = 0u64;
-        let mut payload_bytes = 0u64;
-        let mut segments: Vec<Segment> = Vec::new();
         // With tracing on, every message points at this run's trace (docs/tracing.md).
-        let context = crate::trace::current_context();
-        for (mapped, new) in page.into_iter().zip(remembered) {
-            match (new, mapped.outcome) {
-                (false, _) => seen_before += 1,
-                (true, Ok(mut m)) => {
-                    m.trace_context.clone_from(&context);
-                    payload_bytes += m.payload.len() as u64;
-                    match segments.last_mut() {
-                        Some(Segment::Accepted(run)) => run.push(m),
-                        _ => segments.push(Segment::Accepted(vec![m])),
-                    }
-                }
-                (true, Err(mut r)) => {
-                    r.message.trace_context.clone_from(&context);
-                    match segments.last_mut() {
-                        Some(Segment::Rejected(run)) => run.push(r),
-                        _ => segments.push(Segment::Rejected(vec![r])),
-                    }
-                }
-            }
-        }
+        let (segments, seen_before, payload_bytes) =
+            segments(page, remembered, &crate::trace::current_context());
         let written = self.write_in_order(tx, &segments).await?;
         let (enqueued, dead_lettered) = (written.enqueued, written.dead_lettered);
         // The watermark only moves forward (a lookback's early pages re-read older rows).
@@ -578,4 +556,37 @@ fn dedupe_key(outcome: &Result<NewMessage, Rejection>) -> &str {
         Ok(m) => &m.dedupe_key,
         Err(r) => &r.message.dedupe_key,
     }
+}
+/// A page's rows in their order as runs of accepted and of rejected rows, each carrying
+/// `context`, leaving out the rows a lookback had already seen; with how many it left out and
+/// the accepted rows' payload bytes.
+fn segments(
+    page: Vec<MappedRow>,
+    remembered: Vec<bool>,
+    context: &Option<TraceContext>,
+) -> (Vec<Segment>, u64, u64) {
+    let mut seen_before = 0u64;
+    let mut payload_bytes = 0u64;
+    let mut segments: Vec<Segment> = Vec::new();
+    for (mapped, new) in page.into_iter().zip(remembered) {
+        match (new, mapped.outcome) {
+            (false, _) => seen_before += 1,
+            (true, Ok(mut m)) => {
+                m.trace_context.clone_from(context);
+                payload_bytes += m.payload.len() as u64;
+                match segments.last_mut() {
+                    Some(Segment::Accepted(run)) => run.push(m),
+                    _ => segments.push(Segment::Accepted(vec![m])),
+                }
+            }
+            (true, Err(mut r)) => {
+                r.message.trace_context.clone_from(context);
+                match segments.last_mut() {
+                    Some(Segment::Rejected(run)) => run.push(r),
+                    _ => segments.push(Segment::Rejected(vec![r])),
+                }
+            }
+        }
+    }
+    (segments, seen_before, payload_bytes)
 }

@@ -207,25 +207,7 @@ fn seconds(d: chrono::Duration) -> f64 {
 }
 
 fn warnings(s: &Status, args: &Settings) -> Vec<String> {
-    let mut w = Vec::new();
-    for h in &s.held_topics {
-        let held = &h.hold;
-        w.push(format!(
-            "{} is held: Pub/Sub refuses it as a whole with {} ({}) since {} ({} ago, {} \
-             refusal(s)); its {} message(s) wait untouched (nothing charged or dead-lettered) \
-             and it is released by itself when a probe (next at {}) is accepted. Runbook: \"A \
-             topic is held\" (a grant still propagating, a topic not created yet, a disabled CMEK \
-             key, a proxy's route)",
-            held.topic,
-            held.code,
-            held.message,
-            instant(held.held_since),
-            duration(seconds(s.now - held.held_since)),
-            held.refusals,
-            h.waiting,
-            instant(held.next_probe_at)
-        ));
-    }
+    let mut w: Vec<String> = s.held_topics.iter().map(|h| held_warning(s, h)).collect();
     for t in &s.blocked_topics {
         w.push(blocked_warning(t, &s.blocked_keys));
     }
@@ -235,32 +217,7 @@ fn warnings(s: &Status, args: &Settings) -> Vec<String> {
             t.dead_recent, t.topic, t.topic
         ));
     }
-    // Pub/Sub unreachable: one warning per reason (every replica of an outage says the same).
-    let mut unreachable: Vec<(&str, Vec<&str>)> = Vec::new();
-    for r in s
-        .replicas
-        .iter()
-        .filter(|r| r.alive && r.replica.breaker_open)
-    {
-        let reason = r
-            .replica
-            .breaker_reason
-            .as_deref()
-            .unwrap_or("no reason recorded (a replica of an older release: its /readyz says)");
-        match unreachable.iter_mut().find(|(known, _)| *known == reason) {
-            Some((_, ids)) => ids.push(&r.replica.replica_id),
-            None => unreachable.push((reason, vec![&r.replica.replica_id])),
-        }
-    }
-    for (reason, ids) in unreachable {
-        w.push(format!(
-            "Pub/Sub is unreachable from {} replica(s) ({}): {reason}. Their claims are paused and \
-             no attempts are charged; they resume by themselves within a second of Pub/Sub \
-             answering (runbook: \"The backlog is stuck\")",
-            ids.len(),
-            ids.join(", ")
-        ));
-    }
+    w.extend(unreachable_warnings(s));
     for r in s.replicas.iter().filter(|r| !r.alive) {
         w.push(format!(
             "replica {} ({}) has not sent a heartbeat for {}: it is gone or wedged (its row is \
@@ -298,6 +255,57 @@ fn warnings(s: &Status, args: &Settings) -> Vec<String> {
         ));
     }
     w
+}
+
+/// The warning of a held topic.
+fn held_warning(s: &Status, h: &HeldTopicState) -> String {
+    let held = &h.hold;
+    format!(
+        "{} is held: Pub/Sub refuses it as a whole with {} ({}) since {} ({} ago, {} \
+         refusal(s)); its {} message(s) wait untouched (nothing charged or dead-lettered) \
+         and it is released by itself when a probe (next at {}) is accepted. Runbook: \"A \
+         topic is held\" (a grant still propagating, a topic not created yet, a disabled CMEK \
+         key, a proxy's route)",
+        held.topic,
+        held.code,
+        held.message,
+        instant(held.held_since),
+        duration(seconds(s.now - held.held_since)),
+        held.refusals,
+        h.waiting,
+        instant(held.next_probe_at)
+    )
+}
+
+/// Pub/Sub unreachable: one warning per reason (every replica of an outage says the same).
+fn unreachable_warnings(s: &Status) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut unreachable: Vec<(&str, Vec<&str>)> = Vec::new();
+    for r in s
+        .replicas
+        .iter()
+        .filter(|r| r.alive && r.replica.breaker_open)
+    {
+        let reason = r
+            .replica
+            .breaker_reason
+            .as_deref()
+            .unwrap_or("no reason recorded (a replica of an older release: its /readyz says)");
+        match unreachable.iter_mut().find(|(known, _)| *known == reason) {
+            Some((_, ids)) => ids.push(&r.replica.replica_id),
+            None => unreachable.push((reason, vec![&r.replica.replica_id])),
+        }
+    }
+    for (reason, ids) in unreachable {
+        out.push(format!(
+            "Pub/Sub is unreachable from {} replica(s) ({}): {reason}. Their claims are paused and \
+             no attempts are charged; they resume by themselves within a second of Pub/Sub \
+             answering (runbook: \"The backlog is stuck\")",
+            ids.len(),
+            ids.join(", ")
+        ));
+    }
+    out
 }
 
 /// The tables people read.
