@@ -32,7 +32,7 @@ def exported(metrics_rs: str) -> set[str]:
         kinds[field] = "histogram" if "Histogram" in ty else "counter" if "Counter" in ty else "gauge"
     names = set()
     registrations = re.findall(
-        r'register\(\s*"(\w+)",\s*"(?:[^"\\]|\\.)*",\s*(?:m\.)?(\w+)', metrics_rs
+        r'register\(\s*"(\w+)",\s*"(?:[^"\\]|\\.)*",\s*(?:m\.|self\.)?(\w+)', metrics_rs
     )
     if not registrations:
         sys.exit("no registrations found in dispatcher/src/metrics.rs")
