@@ -14,7 +14,7 @@
 //!     key's messages from its first permanent failure go alone, in order, stopping at the next
 //!     failure (unless the topic skips dead letters). Only a message refused on its own is
 //!     dead-lettered; transient failures and outages are never isolated;
-//!   - **storms** ([`send`]): a topic in a poison storm (`crate::storm`) sends its unkeyed rows
+//!   - **storms** ([`send_cut`]): a topic in a poison storm (`crate::storm`) sends its unkeyed rows
 //!     in parts from the start, so its good rows go out at the first attempt and only the refused
 //!     parts are isolated.
 //!
@@ -132,7 +132,7 @@ pub(crate) fn gather<'a>(
 /// Sends `batch`: the unkeyed messages of storming topics in parts ([`first_cut`]; each part a
 /// call of its own, so in requests of its own; counted as isolation publishes), the rest as one
 /// call; all at once. One result per message, in order.
-pub(crate) async fn send<P: Publish>(d: &Dispatch<P>, batch: &[ClaimedMessage]) -> BatchResult {
+pub(crate) async fn send_cut<P: Publish>(d: &Dispatch<P>, batch: &[ClaimedMessage]) -> BatchResult {
     let publisher = d.publisher.as_ref();
     let in_parts = d.storms.in_storm(batch);
     if in_parts.len() < 2 {

@@ -206,7 +206,7 @@ async fn watch_for_stall<P: Publish>(
     d: &Dispatch<P>,
     batch: &[ClaimedMessage],
 ) -> Result<BatchResult, String> {
-    let publishing = parts::send(d, batch);
+    let publishing = parts::send_cut(d, batch);
     tokio::pin!(publishing);
     tokio::select! {
         results = &mut publishing => return Ok(results),

@@ -4,7 +4,7 @@
 //! refused whole as soon as one of them is poisoned; isolation then finds the poisoned ones
 //! (`crate::parts`). In a storm every batch would pay that first doomed request (every message
 //! of it validated for nothing) before isolating. So a topic whose batch had an unkeyed message
-//! refused on its own is *in a storm*: its unkeyed rows go straight in parts (`crate::parts::send`),
+//! refused on its own is *in a storm*: its unkeyed rows go straight in parts (`crate::parts::send_cut`),
 //! each in requests of its own, the good parts are published at the first attempt and only the refused parts are
 //! isolated. A batch of the topic with none of its unkeyed rows refused ends the storm (logged
 //! at info when it starts, at debug when it ends). Keyed rows are never affected (a key is a
@@ -33,7 +33,7 @@ impl Storms {
     }
 
     /// The unkeyed messages of `batch` whose topic storms (by index): they go in parts
-    /// (`crate::parts::send`).
+    /// (`crate::parts::send_cut`).
     pub(crate) fn in_storm(&self, batch: &[ClaimedMessage]) -> Vec<usize> {
         let topics = self.topics();
         if topics.is_empty() {
