@@ -133,14 +133,11 @@ async fn take<'d, P: Publish>(
             limit: room,
             ..filter
         };
-        let (floor, epoch) = if serving {
-            d.floors.unkeyed()
-        } else {
-            (None, 0)
-        };
+        let start = serving.then(|| d.floors.unkeyed());
+        let (floor, epoch) = start.map_or((None, 0), |s| (s.floor, s.epoch));
         let batch = claim::claim_batch(tx, &unkeyed, floor, epoch).await?;
-        if serving && let (Some(oldest), Some(epoch)) = (batch.oldest_due, batch.epoch) {
-            d.floors.took_unkeyed(epoch, oldest);
+        if let (Some(start), Some(oldest), Some(epoch)) = (start, batch.oldest_due, batch.epoch) {
+            d.floors.took_unkeyed(start, epoch, oldest);
             give_back.oldest = Some(oldest);
         }
         claimed.extend(batch.messages);
@@ -158,10 +155,10 @@ async fn take_keys<P: Publish>(
     serving: bool,
 ) -> Result<OrderedBatch, DispatcherError> {
     let scan = usize::try_from(ordered.scan_limit).unwrap_or(usize::MAX);
-    let floor = if serving {
+    let (floor, mut generation) = if serving {
         d.floors.key_floor(&cursor, scan)
     } else {
-        KeyFloor::default()
+        (KeyFloor::default(), 0)
     };
     let mut keyed = claim::claim_ordered(tx, ordered, &cursor, &floor).await?;
     if serving
@@ -171,13 +168,14 @@ async fn take_keys<P: Publish>(
     {
         // The walk began after the first keys and reached the end taking nothing: the keys
         // before the cursor come next (a hot key that filled the last batch is one of them).
-        d.floors.saw(keyed.epoch, keyed.allocated, &keyed.seen);
+        d.floors.saw(keyed.epoch, generation, &keyed.seen);
         let start = KeyCursor::default();
-        let floor = d.floors.key_floor(&start, scan);
+        let floor;
+        (floor, generation) = d.floors.key_floor(&start, scan);
         keyed = claim::claim_ordered(tx, ordered, &start, &floor).await?;
     }
     if serving {
-        d.floors.saw(keyed.epoch, keyed.allocated, &keyed.seen);
+        d.floors.saw(keyed.epoch, generation, &keyed.seen);
         d.keys
             .learn(&keyed, ordered.max_keys, keyed.next_cursor.clone());
     }

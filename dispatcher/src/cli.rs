@@ -187,15 +187,15 @@ pub struct DispatchArgs {
     #[arg(long, env = "OUTBOX_KEY_SCAN_LIMIT", default_value_t = 2000,
           value_parser = clap::value_parser!(i64).range(1..))]
     pub key_scan_limit: i64,
-    /// Unkeyed claims start this long before the oldest row the last claim took, so rows of a
-    /// writer transaction that commits after a later one are not passed over (claims start past
-    /// the published rows, which a long-held snapshot keeps in the indexes); rows of a longer
-    /// transaction are found by the probe (--claim-probe-interval).
+    /// Unkeyed claims start this long before the earlier of the oldest row the last claim took
+    /// and the last instant at which every writer of the outbox had ended (a cushion for rows
+    /// given back with a due time a little before it; the keyed floor needs none: it rises only
+    /// to ids no open transaction can still write).
     #[arg(long, env = "OUTBOX_CLAIM_FLOOR_MARGIN", default_value = "5s", value_parser = humantime::parse_duration)]
     pub claim_floor_margin: Duration,
-    /// How often a probe walks the outbox from its start for rows the claims' floors pass over
-    /// (a writer transaction longer than --claim-floor-margin, rows a vanished replica gave back,
-    /// a second concurrent writer of one key); at least 10 x the probe's own last duration.
+    /// How often a probe walks the outbox from its start for rows the claims' floors cannot know
+    /// of (rows a vanished replica held, rows written with a due time before their insert); at
+    /// least 10 x the probe's own last duration.
     #[arg(long, env = "OUTBOX_CLAIM_PROBE_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
     pub claim_probe_interval: Duration,
     #[command(flatten)]

@@ -1,5 +1,6 @@
-//! The floors' upkeep, off the claim path ([`keep`]): raising the keyed floor after a walk over
-//! every key, and the probe for rows the floors passed over (the parent module and
+//! The floors' upkeep, off the claim path ([`keep`]): stamping the outbox and learning which
+//! stamps settled, raising the keyed floor to the settled one after a walk over every key, and
+//! the probe for rows the floors cannot know of (the parent module and
 //! `outbox_shared::store::claim` say why). It stands on what it is given ([`Upkeep`]), not on
 //! the workers' shared state.
 
@@ -8,7 +9,9 @@ use std::time::Duration;
 
 use chrono::Utc;
 use outbox_runtime::shutdown::Shutdown;
-use outbox_shared::store::claim::{ClaimSession, KeyCursor, KeyFloor, SeenHead, probe, walk_keys};
+use outbox_shared::store::claim::{
+    ClaimSession, KeyCursor, KeyFloor, SeenHead, probe, settled, walk_keys,
+};
 use sqlx::PgPool;
 
 use super::Floors;
@@ -36,8 +39,9 @@ const WALK_KEYS: i64 = 10_000;
 
 /// Keeps the claims' floors up to date, on two cadences, each at least a
 /// multiple of its own last duration so that neither takes a noticeable share of a core:
-/// - raising the keyed floor: a walk over every key from the floor (as cheap as the claims'
-///   walks), every second or 20 x its duration;
+/// - a stamp of the outbox, which stamps have settled, and raising the keyed floor to the
+///   settled one: a walk over every key from the floor (as cheap as the claims' walks), every
+///   second or 20 x its duration;
 /// - the probe for rows the floors passed over: a walk over every key from each key's start and
 ///   the oldest unkeyed row below the floor (under a held snapshot, the walk over dead index
 ///   entries the claims no longer make), every `interval` or 10 x its duration. What it finds,
@@ -57,7 +61,9 @@ pub(crate) async fn keep(d: Upkeep, interval: Duration, mut shutdown: Shutdown) 
         }
         let now = tokio::time::Instant::now();
         if now >= next_raise {
-            if let Err(e) = raise_key_floor(&d).await {
+            if let Err(e) = settle(&d).await {
+                tracing::warn!(error = %e, "Reading where the outbox is settled failed; the claims' floors stay where they are and it is tried again later.");
+            } else if let Err(e) = raise_key_floor(&d).await {
                 tracing::warn!(error = %e, "Raising the keyed claim floor failed; it is tried again later.");
             }
             next_raise = now + Duration::from_secs(1).max(now.elapsed() * 20);
@@ -77,7 +83,7 @@ pub(crate) async fn keep(d: Upkeep, interval: Duration, mut shutdown: Shutdown) 
                             unkeyed,
                             keyed,
                             took_ms = now.elapsed().as_millis() as u64,
-                            "The probe found rows below where the claims start (a long writer transaction, rows a vanished replica gave back, or a second concurrent writer of a key); the claims take them next."
+                            "The probe found rows below where the claims start (rows a vanished replica held, or rows written with a due time before their insert); the claims take them next."
                         );
                     }
                 }
@@ -119,13 +125,41 @@ async fn walk_every_key(
     }
 }
 
-/// Raises the keyed floor to what the sequence allocated a margin before a walk over every key
-/// began, the keys it saw below that becoming the old keys.
+/// Stamps the outbox and learns which of the stamps waiting have settled (their writers all
+/// ended): two statements, in a transaction that takes nothing (safe behind a transaction
+/// pooler).
+async fn settle(d: &Upkeep) -> Result<(), outbox_shared::Error> {
+    let mut tx = d.pool.begin().await.map_err(outbox_shared::Error::begin)?;
+    let stamp = settled::stamp(&mut tx).await?;
+    if !stamp.exact {
+        warn_caching_sequence();
+    }
+    let writers = d.floors.stamped(stamp);
+    let running = settled::running(&mut tx, &writers).await?;
+    let _ = tx.rollback().await;
+    d.floors.settle(&running);
+    Ok(())
+}
+
+/// Once per process: a sequence that caches ids per session proves no floor.
+fn warn_caching_sequence() {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| {
+        tracing::warn!(
+            "pubsub_outbox_id_seq caches ids per session (CACHE > 1): no id floor is provable, so the claims walk every key from its start (slower under a long-held snapshot). Set it back: ALTER SEQUENCE pubsub_outbox_id_seq CACHE 1."
+        );
+    });
+}
+
+/// Raises the keyed floor to the settled stamp, after a walk over every key begun after it
+/// settled: the keys it saw below that become the old keys.
 async fn raise_key_floor(d: &Upkeep) -> Result<(), outbox_shared::Error> {
-    let (epoch, candidate) = d.floors.candidate();
-    let (seen, walked) = walk_every_key(d, |c| d.floors.key_floor(c, usize::MAX)).await?;
-    if walked == Some(epoch) {
-        d.floors.raise(epoch, candidate, &seen, d.max_old_keys);
+    let Some(candidate) = d.floors.candidate() else {
+        return Ok(());
+    };
+    let (seen, walked) = walk_every_key(d, |c| d.floors.key_floor(c, usize::MAX).0).await?;
+    if walked == Some(candidate.0) {
+        d.floors.raise(candidate, &seen, d.max_old_keys);
     }
     Ok(())
 }
@@ -133,7 +167,7 @@ async fn raise_key_floor(d: &Upkeep) -> Result<(), outbox_shared::Error> {
 /// One probe: (unkeyed rows found below the floor: 0 or 1, keys found below the keyed floor).
 async fn probe_floors(d: &Upkeep) -> Result<(u64, u64), outbox_shared::Error> {
     let mut unkeyed = 0;
-    if let (Some(floor), _) = d.floors.unkeyed() {
+    if let Some(floor) = d.floors.unkeyed().floor {
         // In a claim transaction (its planner settings); the row it finds is locked, then let go.
         let mut tx = d.session.begin(&d.pool).await?;
         let topics = d.topics.as_deref();

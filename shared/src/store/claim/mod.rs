@@ -43,24 +43,27 @@
 //! an index scan can retire their index entries, and a claim that walks from the queue's start
 //! fetches each of them to learn it is dead: 10 minutes into a snapshot at 1,000 msgs/s, seconds
 //! per claim. So a replica keeps where the live rows start, and its claims start there:
-//! - unkeyed rows: a floor on `next_attempt_at` (the index scan's start), the oldest due time the
-//!   last claim took less a margin (`--claim-floor-margin`: rows of a writer transaction that
-//!   commits after a later one); back to a batch's rows when it gives them back (an outage) or
+//! - unkeyed rows: a floor on `next_attempt_at` (the index scan's start), the earlier of the
+//!   oldest due time the last claim took and the settled instant it knew, less a cushion
+//!   (`--claim-floor-margin`); back to a batch's rows when it gives them back (an outage) or
 //!   fails; a resume (a paused topic's rows become claimable below it) advances the claim epoch;
 //! - keys ([`KeyFloor`]): an id floor below which every live row belongs to a few "old" keys
 //!   whose heads are known (a key waiting for a retry, held by a dead letter, paused, backed up).
 //!   The walk checks `id >= floor` on each index entry before fetching its row, so it passes over
 //!   the published rows' entries in the index, and looks for an old key's head from its last
-//!   one. The floor is raised by a walk that saw every key (`walk_keys`, off the claim path): to
-//!   how far the id sequence had allocated `--claim-floor-margin` before the walk began, with the
-//!   keys it saw with a lower head as the old keys. A replay puts a row back below its key's
-//!   head: it advances the claim epoch in its transaction, and a floor of another epoch is not
-//!   used.
+//!   one. The floor is raised by a walk that saw every key (`walk_keys`, off the claim path) to a
+//!   settled id, with the keys it saw with a lower head as the old keys. A replay puts a row back
+//!   below its key's head: it advances the claim epoch in its transaction, and a floor of another
+//!   epoch is not used.
 //!
-//! Rows a floor can miss (a writer transaction longer than the margin, rows released by a
-//! replica that never came back, a second concurrent writer of one key, whose order is undefined
-//! anyway) are found by a probe that walks from the start off the claim path ([`probe`]), every
-//! `--claim-probe-interval`.
+//! **A floor never passes a row that may still commit** ([`settled`]): it rises only to an id and
+//! an instant stamped while the outbox's writer transactions were listed, once all of them have
+//! ended. So a key's head is always its lowest unpublished row, however long a writer keeps its
+//! transaction open, and two replicas lock different heads of one key only for rows of
+//! transactions open at the same time (whose order is not promised: docs/dispatcher.md, "Order").
+//! Rows no mark can know of (rows a vanished replica held, rows written with an explicit due
+//! time before their insert) are found by a probe that walks from the start off the claim path
+//! ([`probe`]), every `--claim-probe-interval`.
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
@@ -71,6 +74,7 @@ use crate::store::outbox::MessageRow;
 
 mod ordered;
 pub mod probe;
+pub mod settled;
 
 pub use ordered::{
     KeyCursor, KeyFloor, OrderedBatch, OrderedClaim, SeenHead, claim_ordered, publishable_prefixes,

@@ -81,8 +81,6 @@ pub struct OrderedBatch {
     pub seen: Vec<SeenHead>,
     /// The claim epoch the walk read (another than the floor's: the floor was not used).
     pub epoch: i64,
-    /// How far the id sequence had allocated when the walk ran.
-    pub allocated: i64,
 }
 
 #[derive(sqlx::FromRow)]
@@ -98,7 +96,6 @@ struct KeyedRow {
     seen_keys: Option<Vec<String>>,
     seen_heads: Option<Vec<Option<i64>>>,
     epoch: Option<i64>,
-    allocated: Option<i64>,
     /// A claimed row; all NULL when no key was picked.
     id: Option<i64>,
     topic: Option<String>,
@@ -122,7 +119,6 @@ struct WalkReport {
     last: Option<(String, String)>,
     seen: Vec<SeenHead>,
     epoch: Option<i64>,
-    allocated: i64,
 }
 
 impl KeyedRow {
@@ -153,7 +149,6 @@ impl KeyedRow {
             last: self.last_topic.take().zip(self.last_key.take()),
             seen,
             epoch: self.epoch,
-            allocated: self.allocated.unwrap_or(0),
         })
     }
 
@@ -274,7 +269,6 @@ async fn walk(
         filled: report.filled,
         seen: report.seen,
         epoch: report.epoch.unwrap_or(floor.epoch),
-        allocated: report.allocated,
     })
 }
 

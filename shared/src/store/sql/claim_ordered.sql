@@ -157,8 +157,7 @@ claimed AS (
 -- keys picked after it give nothing and are walked again next), after the last key picked when
 -- the keys ran out, otherwise after the last key visited, or from the start when the walk
 -- reached the end. Every key the walk visited is reported with the head seen there (NULL: none
--- left), with the epoch and how far the id sequence has allocated, for the floor and the old
--- keys of the next claims; read as far as the walk went (LIMIT, in walk order, so the report
+-- left), with the epoch, for the old keys of the next claims; read as far as the walk went (LIMIT, in walk order, so the report
 -- does not drive the walk further). A walk that takes no key ($8 = 0) goes to $3 steps or the
 -- end. The caller learns from how many keys were picked and whether the rows filled the room.
 stopped AS MATERIALIZED (
@@ -188,13 +187,12 @@ seen AS (
 SELECT w.last[1] AS last_topic, w.last[2] AS last_key, w.visited, w.picked_keys, w.filled_rows,
        s.topics AS seen_topics, s.keys AS seen_keys, s.heads AS seen_heads,
        (SELECT epoch FROM epoch) AS epoch,
-       (SELECT last_value FROM pubsub_outbox_id_seq) AS allocated,
        NULL::bigint AS id, NULL::text AS topic, NULL::text AS ordering_key,
        NULL::text AS dedupe_key, NULL::bytea AS payload, NULL::jsonb AS attributes,
        NULL::text AS traceparent, NULL::text AS tracestate, NULL::int AS attempts, NULL::timestamptz AS created_at, NULL::timestamptz AS next_attempt_at
 FROM walk w CROSS JOIN seen s
 UNION ALL
-(SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+(SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
         c.id, c.topic, c.ordering_key, c.dedupe_key, c.payload, c.attributes, c.traceparent,
         c.tracestate, c.attempts,
         c.created_at, c.next_attempt_at
