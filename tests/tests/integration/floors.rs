@@ -1,11 +1,13 @@
 //! Claims start past what is published (issue #26; `outbox_shared::store::claim`, "Claims start
 //! past what is published"): under a held snapshot a claim fetches only the rows above its floor,
-//! and no row is lost or reordered by a floor: a replay below it goes out first, a row committed
-//! after the floor passed it is found by the probe.
+//! and no row is lost or reordered by a floor: a replay below it goes out first, and a floor
+//! never passes a row of a writer transaction still open (issue #49), however long it stays open.
 //!
 //! Costs are read from the transaction's own statistics (index entries read), not from a clock.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use outbox_dispatcher::Code;
@@ -15,6 +17,7 @@ use sqlx::postgres::PgPoolOptions;
 use harness::db::TestDb;
 use harness::dispatcher::{self as test_dispatcher, Running, metric, real_publisher};
 use harness::fixtures::{enqueue, keyed_dedupe as dedupe, keyed_messages, message};
+use harness::ledger::DeliveryLedger;
 use harness::pubsub::TestTopic;
 use harness::wait::{drained, wait_until};
 use outbox_dispatcher::config::DispatcherConfig;
@@ -320,122 +323,170 @@ async fn a_replay_below_the_floor_goes_out_before_the_rows_that_waited_behind_it
     }
 }
 
-#[tokio::test]
-async fn rows_committed_after_the_floors_passed_them_are_found_by_the_probe() {
+/// The background of the long-writer case: 20 keys getting a row every 100 ms, and an unkeyed
+/// row with each, in transactions of their own, until `stop`; every committed row goes into the
+/// ledger in commit order.
+async fn steady_writer(
+    pool: PgPool,
+    topic: String,
+    ledger: Arc<Mutex<DeliveryLedger>>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut round = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        let mut rows: Vec<_> = (0..20)
+            .map(|k| {
+                message(&topic, &format!("bg-{k:02}-{round:04}"), &[])
+                    .with_ordering_key(format!("bg-{k:02}"))
+            })
+            .collect();
+        rows.push(message(&topic, &format!("bg-u-{round:04}"), &[]));
+        let mut tx = pool.begin().await.expect("begin");
+        outbox_shared::enqueue_batch(&mut tx, &rows)
+            .await
+            .expect("enqueue");
+        outbox_shared::notify(&mut tx, outbox_shared::DEFAULT_NOTIFY_CHANNEL)
+            .await
+            .expect("notify");
+        tx.commit().await.expect("commit");
+        {
+            let mut l = ledger.lock().expect("ledger");
+            for m in &rows {
+                l.enqueued(&m.dedupe_key, m.ordering_key.as_deref());
+            }
+        }
+        round += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until each of `dedupe_keys` has left the outbox (published), returning when each left.
+async fn left_the_outbox(pool: &PgPool, dedupe_keys: &[&str]) -> Vec<Instant> {
+    let keys: Vec<String> = dedupe_keys.iter().map(|k| (*k).to_owned()).collect();
+    let mut left: Vec<Option<Instant>> = vec![None; keys.len()];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while left.iter().any(Option::is_none) {
+        assert!(
+            Instant::now() < deadline,
+            "still in the outbox after a minute: {:?}",
+            keys.iter()
+                .zip(&left)
+                .filter(|(_, l)| l.is_none())
+                .map(|(k, _)| k)
+                .collect::<Vec<_>>()
+        );
+        let present: Vec<String> =
+            sqlx::query_scalar("SELECT dedupe_key FROM pubsub_outbox WHERE dedupe_key = ANY($1)")
+                .bind(&keys)
+                .fetch_all(pool)
+                .await
+                .expect("read the outbox");
+        let now = Instant::now();
+        for (k, l) in keys.iter().zip(left.iter_mut()) {
+            if l.is_none() && !present.contains(k) {
+                *l = Some(now);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    left.into_iter().flatten().collect()
+}
+
+/// Issue #49's case: a writer inserts K#1 (ordering key K) and an unkeyed U#1 and keeps its
+/// transaction open 15 s (three times the floor margin) while 20 other keys and unkeyed rows
+/// flow through `replicas` dispatchers; K#2 is committed right after it. Each row must leave the
+/// outbox within 2 s of its commit (the probe, every 10 minutes here, cannot be what finds
+/// them) and K#1 must arrive before K#2.
+async fn a_long_writer_transaction(replicas: usize) {
     let db = TestDb::new().await;
     let topic = TestTopic::new(true).await;
-    let t = topic.topic.as_str();
-    // Two writers whose transactions stay open while the dispatcher drains later rows: one
-    // writes a key of its own, one an unkeyed row (due from its transaction's start).
-    let mut late_keyed = db.pool.begin().await.expect("begin");
-    enqueue_in(
-        &mut late_keyed,
-        message(t, "late-keyed", &[]).with_ordering_key("late"),
-    )
-    .await;
-    let mut late_unkeyed = db.pool.begin().await.expect("begin");
-    enqueue_in(&mut late_unkeyed, message(t, "late-unkeyed", &[])).await;
+    let t = topic.topic.clone();
+    let mut running = Vec::new();
+    for _ in 0..replicas {
+        let mut config = test_dispatcher::config();
+        config.claim_probe_interval = Duration::from_secs(600);
+        config.workers = 2;
+        let d = test_dispatcher::build_service(&db, real_publisher().await, config).await;
+        running.push(Running::start(d));
+    }
+    let ledger = Arc::new(Mutex::new(DeliveryLedger::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let background = tokio::spawn(steady_writer(
+        db.pool.clone(),
+        t.clone(),
+        ledger.clone(),
+        stop.clone(),
+    ));
+    tokio::time::sleep(Duration::from_secs(2)).await;
 
-    // A key held behind a dead letter shows when the keyed floor passed it (and so the late
-    // keyed row, whose id is lower).
-    let mut rows = keyed_messages(t, 2, 4);
-    rows.extend((0..20).map(|i| message(t, &format!("early-{i}"), &[])));
-    enqueue(&db.pool, &rows).await;
-    let publisher = FaultInjector::passthrough(real_publisher().await);
-    publisher.fail(
-        &dedupe(0, 1),
-        Fault {
-            code: Code::InvalidArgument,
-            times: None,
-        },
+    let k1 = message(&t, "K#1", &[]).with_ordering_key("K");
+    let u1 = message(&t, "U#1", &[]);
+    let k2 = message(&t, "K#2", &[]).with_ordering_key("K");
+    let mut a = db.pool.begin().await.expect("begin");
+    enqueue_in(&mut a, k1.clone()).await;
+    enqueue_in(&mut a, u1.clone()).await;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    a.commit().await.expect("commit the long transaction");
+    let a_committed = Instant::now();
+    ledger.lock().expect("ledger").enqueued("K#1", Some("K"));
+    ledger.lock().expect("ledger").enqueued("U#1", None);
+    enqueue(&db.pool, std::slice::from_ref(&k2)).await;
+    let k2_committed = Instant::now();
+    ledger.lock().expect("ledger").enqueued("K#2", Some("K"));
+
+    let left = left_the_outbox(&db.pool, &["K#1", "U#1", "K#2"]).await;
+    let waited = [
+        left[0] - a_committed,
+        left[1] - a_committed,
+        left[2] - k2_committed,
+    ];
+    println!(
+        "{replicas} replica(s): K#1 out {:?}, U#1 {:?} after the long commit, K#2 {:?} after its own",
+        waited[0], waited[1], waited[2]
     );
-    let mut config = fast_floors();
-    config.batch.claim_floor_margin = Duration::from_secs(1);
-    let d = test_dispatcher::build_service(&db, publisher, config).await;
-    let running = Running::start(d);
-    floor_passed_a_held_key(&running).await;
-    // Unkeyed rows due more than the margin after the late one: claiming them moves the
-    // unkeyed floor past it.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    enqueue(
-        &db.pool,
-        &(0..20)
-            .map(|i| message(t, &format!("later-{i}"), &[]))
-            .collect::<Vec<_>>(),
-    )
-    .await;
-    wait_until(
-        "the later rows are published",
-        Duration::from_secs(20),
-        || {
-            let pool = db.pool.clone();
-            async move {
-                let left: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM pubsub_outbox WHERE dedupe_key LIKE 'later-%'",
-                )
-                .fetch_one(&pool)
-                .await
-                .map_err(|e| e.to_string())?;
-                if left == 0 {
-                    Ok(())
-                } else {
-                    Err(format!("{left} left"))
-                }
-            }
-        },
-    )
-    .await;
-
-    late_keyed
-        .commit()
-        .await
-        .expect("commit the late keyed row");
-    late_unkeyed
-        .commit()
-        .await
-        .expect("commit the late unkeyed row");
-    wait_until(
-        "the probe finds both late rows",
-        Duration::from_secs(30),
-        || {
-            let pool = db.pool.clone();
-            async move {
-                let left: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM pubsub_outbox WHERE dedupe_key LIKE 'late-%'",
-                )
-                .fetch_one(&pool)
-                .await
-                .map_err(|e| e.to_string())?;
-                if left == 0 {
-                    Ok(())
-                } else {
-                    Err(format!("{left} left"))
-                }
-            }
-        },
-    )
-    .await;
-    for kind in ["keyed", "unkeyed"] {
-        let found = metric(
-            &running.addr(),
-            &format!("outbox_floor_stragglers_total{{kind=\"{kind}\"}}"),
-        )
-        .await;
+    for (row, w) in ["K#1", "U#1", "K#2"].iter().zip(waited) {
         assert!(
-            found >= 1.0,
-            "the {kind} late row was found by the probe, below the floor"
+            w < Duration::from_secs(2),
+            "{row} left the outbox {w:?} after its commit (at most 2 s)"
         );
     }
-    running.stop().await;
-    let received = topic.pull(2 + 20 + 20 + 5, Duration::from_secs(5)).await;
-    let keys: Vec<String> = received
+    stop.store(true, Ordering::Relaxed);
+    background.await.expect("the background writer");
+    drained(&db.pool, Duration::from_secs(30)).await;
+    for r in &running {
+        for kind in ["keyed", "unkeyed"] {
+            let found = metric(
+                &r.addr(),
+                &format!("outbox_floor_stragglers_total{{kind=\"{kind}\"}}"),
+            )
+            .await;
+            assert_eq!(found, 0.0, "no {kind} row was ever below a floor");
+        }
+    }
+    for r in running {
+        r.stop().await;
+    }
+    let ledger = ledger.lock().expect("ledger").clone();
+    let received = topic.pull(ledger.len(), Duration::from_secs(5)).await;
+    ledger
+        .verdict(&harness::pubsub::arrivals(&received))
+        .assert_clean("the long writer's rows and the background's");
+    let k_order: Vec<&str> = received
         .iter()
         .map(|r| r.dedupe_key())
-        .map(str::to_owned)
+        .filter(|k| k.starts_with("K#"))
         .collect();
-    for late in ["late-keyed", "late-unkeyed"] {
-        assert!(keys.iter().any(|k| k == late), "{late} arrived");
-    }
+    assert_eq!(k_order[..2], ["K#1", "K#2"], "key K in commit order");
+}
+
+#[tokio::test]
+async fn a_long_writer_transactions_rows_go_out_in_order_within_two_seconds_of_its_commit() {
+    a_long_writer_transaction(1).await;
+}
+
+#[tokio::test]
+async fn a_long_writer_transactions_rows_go_out_in_order_within_two_seconds_across_two_replicas() {
+    a_long_writer_transaction(2).await;
 }
 
 /// Enqueues `m` in the caller's transaction (left open).

@@ -2,6 +2,7 @@
 //! and bqemulator (start them with `scripts/services up`).
 
 mod autoscaling;
+mod claim_protocol;
 mod console;
 mod credentials;
 mod dispatcher;
