@@ -44,6 +44,10 @@ pub struct Expected {
     pub newest: Option<(i64, i64)>,
     /// Application transactions retried after an error (a PostgreSQL restart mid-transaction).
     pub retried_transactions: usize,
+    /// Application transactions kept open after their inserts (`Plan::long_writes`), and the
+    /// longest.
+    pub long_writes: usize,
+    pub longest_write: Duration,
 }
 
 /// A poison key: its unpublishable row and the rows around it.
@@ -93,7 +97,9 @@ pub struct AppTopics {
 
 /// One application writer: owns the keys `k` with `k % writers == w` of both topics (so each
 /// key's transactions are serialised, as the README asks of writers), writes `quota` rows in
-/// transactions of 1-40 rows, paced to end with the load.
+/// transactions of 1-40 rows, paced to end with the load; a share of them (`plan.long_writes`)
+/// stays open for seconds after its inserts, as a business transaction that calls another service
+/// before it commits.
 pub async fn write(
     pool: PgPool,
     plan: Plan,
@@ -151,10 +157,18 @@ pub async fn write(
             batch.push((m, bad));
         }
         let messages: Vec<NewMessage> = batch.iter().map(|(m, _)| m.clone()).collect();
-        let retried = enqueue_retrying(&pool, &messages).await?;
+        let hold = (rng.f64() < plan.long_writes).then(|| {
+            let (least, most) = plan.long_write;
+            Duration::from_millis(rng.u64(least.as_millis() as u64..=most.as_millis() as u64))
+        });
+        let retried = enqueue_retrying(&pool, &messages, hold).await?;
         {
             let mut e = lock(&expected)?;
             e.retried_transactions += usize::from(retried);
+            if let Some(hold) = hold {
+                e.long_writes += 1;
+                e.longest_write = e.longest_write.max(hold);
+            }
             e.app_rows += messages.len();
             for (m, bad) in &batch {
                 e.record(&m.dedupe_key, m.ordering_key.as_deref(), *bad);
@@ -167,10 +181,15 @@ pub async fn write(
     Ok(())
 }
 
-/// One transaction: the rows and a NOTIFY. An error (the server restarting) retries the same rows
-/// for up to 2 minutes: a commit whose answer was lost is then a no-op re-enqueue (the dedupe key
-/// is unique while the row is in the outbox). Returns whether it had to retry.
-async fn enqueue_retrying(pool: &PgPool, messages: &[NewMessage]) -> Result<bool> {
+/// One transaction: the rows and a NOTIFY, kept open for `hold` before the commit when given. An
+/// error (the server restarting) retries the same rows for up to 2 minutes, without the hold: a
+/// commit whose answer was lost is then a no-op re-enqueue (the dedupe key is unique while the
+/// row is in the outbox). Returns whether it had to retry.
+async fn enqueue_retrying(
+    pool: &PgPool,
+    messages: &[NewMessage],
+    mut hold: Option<Duration>,
+) -> Result<bool> {
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut retried = false;
     loop {
@@ -179,6 +198,9 @@ async fn enqueue_retrying(pool: &PgPool, messages: &[NewMessage]) -> Result<bool
             outbox_shared::enqueue_batch(&mut tx, messages).await?;
             outbox_shared::store::notify::notify(&mut tx, outbox_shared::DEFAULT_NOTIFY_CHANNEL)
                 .await?;
+            if let Some(hold) = hold.take() {
+                tokio::time::sleep(hold).await;
+            }
             tx.commit().await?;
             anyhow::Ok(())
         };

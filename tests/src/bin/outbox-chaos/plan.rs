@@ -77,6 +77,11 @@ pub struct Plan {
     pub bad_unkeyed: f64,
     /// Concurrent application writers (each owns a share of the keys).
     pub writers: usize,
+    /// Share of the application transactions kept open after their inserts, for a time drawn
+    /// from `long_write` (issue #49: longer than the claim floor margin), before they commit.
+    pub long_writes: f64,
+    /// How long such a transaction stays open: at least, at most.
+    pub long_write: (Duration, Duration),
     pub dispatchers: usize,
     pub workers: usize,
     pub batch_size: usize,
@@ -109,6 +114,8 @@ impl Plan {
             poison_keys: 2,
             bad_unkeyed: 0.002,
             writers: 6,
+            long_writes: 0.01,
+            long_write: (Duration::from_secs(6), Duration::from_secs(12)),
             dispatchers: 3,
             workers: 4,
             batch_size: 200,
@@ -137,6 +144,8 @@ impl Plan {
                 outage: Duration::from_secs(25),
                 pg_restarts: 2,
                 long_tx: Duration::from_secs(60),
+                long_writes: 0.002,
+                long_write: (Duration::from_secs(6), Duration::from_secs(30)),
                 ..base
             },
         }

@@ -55,6 +55,8 @@ pub struct Report {
     pub unpublishable: usize,
     pub publishable: usize,
     pub retried_transactions: usize,
+    pub long_writes: usize,
+    pub longest_write: Duration,
     pub arrival: Verdict,
     pub publish: Verdict,
     pub attribution: Attribution,
@@ -106,6 +108,8 @@ impl Report {
         self.unpublishable = e.dead.len();
         self.publishable = e.ledger.len();
         self.retried_transactions = e.retried_transactions;
+        self.long_writes = e.long_writes;
+        self.longest_write = e.longest_write;
         (self.arrival, self.publish) = verdict::judge(&e.ledger, arrivals);
         self.attribution = verdict::attribute_duplicates(arrivals, &faults);
         let mut times: Vec<Duration> = arrivals.iter().map(|r| r.at).collect();
@@ -214,7 +218,9 @@ impl Report {
             "rows": {"total": self.app_rows + self.bigquery_rows, "application": self.app_rows,
                      "bigquery": self.bigquery_rows, "unpublishable": self.unpublishable,
                      "publishable": self.publishable,
-                     "application_transactions_retried": self.retried_transactions},
+                     "application_transactions_retried": self.retried_transactions,
+                     "long_writer_transactions": self.long_writes,
+                     "longest_writer_transaction_ms": self.longest_write.as_millis() as u64},
             "arrivals": self.arrival.arrivals,
             "lost": self.arrival.lost.len(), "invented": self.arrival.invented.len(),
             "duplicates": self.arrival.duplicates,
@@ -280,6 +286,11 @@ impl Report {
         println!(
             "  rows               {rows} ({} application, {} BigQuery; {} unpublishable; {} application transactions retried)",
             self.app_rows, self.bigquery_rows, self.unpublishable, self.retried_transactions
+        );
+        println!(
+            "  long writers       {} application transactions held open after their inserts (longest {:.1} s)",
+            self.long_writes,
+            self.longest_write.as_secs_f64()
         );
         println!(
             "  kills              {} dispatcher ({} with a batch in flight), {} producer ({} runs abandoned)",
