@@ -61,6 +61,17 @@ pub async fn enqueue(pool: &PgPool, messages: &[NewMessage]) {
     }
 }
 
+/// Enqueues `messages` in one transaction that also wakes the dispatchers (NOTIFY), as an
+/// application does.
+pub async fn enqueue_and_notify(pool: &PgPool, messages: &[NewMessage]) {
+    let mut tx = pool.begin().await.expect("begin");
+    enqueue_batch(&mut tx, messages).await.expect("enqueue");
+    outbox_shared::notify(&mut tx, outbox_shared::DEFAULT_NOTIFY_CHANNEL)
+        .await
+        .expect("notify");
+    tx.commit().await.expect("commit");
+}
+
 /// Enqueues `n` messages `m0`… `m<n-1>` on `topic`.
 pub async fn enqueue_numbered(pool: &PgPool, topic: &str, n: usize) -> Vec<NewMessage> {
     let msgs: Vec<NewMessage> = (0..n)

@@ -16,7 +16,9 @@ use sqlx::postgres::PgPoolOptions;
 
 use harness::db::TestDb;
 use harness::dispatcher::{self as test_dispatcher, Running, metric, real_publisher};
-use harness::fixtures::{enqueue, keyed_dedupe as dedupe, keyed_messages, message};
+use harness::fixtures::{
+    enqueue, enqueue_and_notify, keyed_dedupe as dedupe, keyed_messages, message,
+};
 use harness::ledger::DeliveryLedger;
 use harness::pubsub::TestTopic;
 use harness::wait::{drained, wait_until};
@@ -341,14 +343,7 @@ async fn steady_writer(
             })
             .collect();
         rows.push(message(&topic, &format!("bg-u-{round:04}"), &[]));
-        let mut tx = pool.begin().await.expect("begin");
-        outbox_shared::enqueue_batch(&mut tx, &rows)
-            .await
-            .expect("enqueue");
-        outbox_shared::notify(&mut tx, outbox_shared::DEFAULT_NOTIFY_CHANNEL)
-            .await
-            .expect("notify");
-        tx.commit().await.expect("commit");
+        enqueue_and_notify(&pool, &rows).await;
         {
             let mut l = ledger.lock().expect("ledger");
             for m in &rows {

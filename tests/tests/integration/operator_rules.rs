@@ -11,25 +11,13 @@ use serde_json::Value;
 
 use harness::db::TestDb;
 use harness::dispatcher::{self as test_dispatcher, Running, real_publisher};
-use harness::fixtures::{count, dead_letter, enqueue, message};
+use harness::fixtures::{count, dead_letter, enqueue, enqueue_and_notify, message};
 use harness::operator::{dispatcher, json};
 use harness::process::{Spawn, binary};
 use harness::pubsub::TestTopic;
 use harness::wait::{topic_drained, wait_until};
 use outbox_dispatcher::DispatcherConfig;
 use outbox_shared::NewMessage;
-
-/// Enqueues `messages` and wakes the dispatchers, as an application does.
-async fn enqueue_and_notify(db: &TestDb, messages: &[NewMessage]) {
-    let mut tx = db.pool.begin().await.expect("begin");
-    outbox_shared::enqueue_batch(&mut tx, messages)
-        .await
-        .expect("enqueue");
-    outbox_shared::notify(&mut tx, outbox_shared::DEFAULT_NOTIFY_CHANNEL)
-        .await
-        .expect("notify");
-    tx.commit().await.expect("commit");
-}
 
 /// A dispatcher replica on `db`, running until stopped.
 async fn replica(db: &TestDb, config: DispatcherConfig) -> Running {
@@ -138,7 +126,7 @@ async fn a_pause_is_in_force_when_it_returns_twenty_times_in_a_row_with_two_repl
         let (code, _, err) = dispatcher(&db, &pause);
         assert_eq!(code, 0, "round {round}: {err}");
         // Committed the moment pause returned: no claim may take it.
-        enqueue_and_notify(&db, &[message(t, &format!("r{round}"), &[])]).await;
+        enqueue_and_notify(&db.pool, &[message(t, &format!("r{round}"), &[])]).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let waits = count(
             &db.pool,
