@@ -44,6 +44,9 @@ pub struct Metrics {
     pub floor_stragglers: Family<KindLabel, Counter>,
     /// Ordering keys with rows below the keyed claim floor (old keys, looked up one by one).
     pub old_keys: Gauge,
+    /// Seconds since the newest settled mark was stamped (the floors may rise no further): a
+    /// writer transaction open on the outbox holds it back for as long as it is open.
+    pub floor_settled_age_seconds: Gauge<f64, AtomicU64>,
     /// Messages per claimed batch.
     pub batch_size: Histogram,
     /// Seconds one batch publish took.
@@ -121,6 +124,7 @@ impl Metrics {
             isolation_publishes: Counter::default(),
             floor_stragglers: Family::default(),
             old_keys: Gauge::default(),
+            floor_settled_age_seconds: Gauge::default(),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
             publish_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             claim_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
@@ -196,6 +200,11 @@ impl Metrics {
             "old_keys",
             "Ordering keys with rows below where keyed claims start (each looked up from its last head)",
             self.old_keys.clone(),
+        );
+        r.register(
+            "floor_settled_age_seconds",
+            "Seconds since the newest settled mark was stamped: the claims' floors rise no further than it, and a writer transaction open on the outbox holds it back",
+            self.floor_settled_age_seconds.clone(),
         );
     }
 

@@ -21,7 +21,7 @@ pub(crate) mod upkeep;
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use outbox_shared::store::claim::settled::Stamp;
@@ -53,20 +53,21 @@ struct State {
     old: BTreeMap<(String, String), i64>,
 }
 
-/// The stamps waiting to settle and the newest settled one: facts about the sequence and the
-/// clock, kept across epochs.
+/// The stamps waiting to settle (with when this process took each) and the newest settled one:
+/// facts about the sequence and the clock, kept across epochs.
 #[derive(Debug, Default)]
 struct Marks {
-    pending: VecDeque<Stamp>,
+    pending: VecDeque<(Stamp, Instant)>,
     settled: Option<Settled>,
 }
 
 /// A settled stamp: no row can still appear with an id up to `allocated`, nor (by the column's
-/// default) due before `at`.
+/// default) due before `at`; stamped when this process's clock said `stamped`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Settled {
     pub(crate) allocated: i64,
     pub(crate) at: DateTime<Utc>,
+    pub(crate) stamped: Instant,
 }
 
 /// Where an unkeyed claim starts, and what it needs to move the floor afterwards.
@@ -189,12 +190,12 @@ impl Floors {
             return Vec::new();
         };
         if stamp.exact {
-            m.pending.push_back(stamp);
+            m.pending.push_back((stamp, Instant::now()));
             while m.pending.len() > STAMPS_KEPT {
                 m.pending.pop_front();
             }
         }
-        let writers: HashSet<&String> = m.pending.iter().flat_map(|s| &s.writers).collect();
+        let writers: HashSet<&String> = m.pending.iter().flat_map(|(s, _)| &s.writers).collect();
         writers.into_iter().cloned().collect()
     }
 
@@ -209,13 +210,14 @@ impl Floors {
         let newest = m
             .pending
             .iter()
-            .rposition(|s| s.writers.iter().all(|w| !running.contains(w)));
+            .rposition(|(s, _)| s.writers.iter().all(|w| !running.contains(w)));
         if let Some(i) = newest {
-            let stamps: Vec<Stamp> = m.pending.drain(..=i).collect();
-            if let Some(s) = stamps.last() {
+            let stamps: Vec<(Stamp, Instant)> = m.pending.drain(..=i).collect();
+            if let Some((s, stamped)) = stamps.last() {
                 m.settled = Some(Settled {
                     allocated: s.allocated,
                     at: s.at,
+                    stamped: *stamped,
                 });
             }
         }
@@ -418,13 +420,8 @@ mod tests {
         f.stamped(stamp(1_500, 11, &["3/7"]));
         assert_eq!(f.settle(&["3/7".to_owned()]), None);
         // It ended: both stamps settle, the newest counts.
-        assert_eq!(
-            f.settle(&[]),
-            Some(Settled {
-                allocated: 1_500,
-                at: at(11)
-            })
-        );
+        let settled = f.settle(&[]).expect("settled");
+        assert_eq!((settled.allocated, settled.at), (1_500, at(11)));
         assert!(f.stamped(stamp(1_600, 12, &[])).is_empty());
         // The walk saw "a" waiting at 400 and "b" at 1,700: "a" is old, "b" is not.
         assert!(raise(

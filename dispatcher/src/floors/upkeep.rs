@@ -96,6 +96,11 @@ pub(crate) async fn keep(d: Upkeep, interval: Duration, mut shutdown: Shutdown) 
         d.metrics
             .old_keys
             .set(i64::try_from(d.floors.old_keys()).unwrap_or(i64::MAX));
+        if let Some(settled) = d.floors.settled() {
+            d.metrics
+                .floor_settled_age_seconds
+                .set(settled.stamped.elapsed().as_secs_f64());
+        }
     }
 }
 

@@ -24,7 +24,7 @@ use harness::pubsub::TestTopic;
 use harness::wait::{drained, wait_until};
 use outbox_dispatcher::config::DispatcherConfig;
 use outbox_dispatcher::fault::{Fault, FaultInjector};
-use outbox_shared::store::claim::{self, ClaimFilter, ClaimSession, KeyCursor, KeyFloor};
+use outbox_shared::store::claim::{self, ClaimFilter, ClaimSession, KeyCursor, KeyFloor, settled};
 use outbox_shared::store::dead_letter;
 
 const KEYS: usize = 200;
@@ -537,4 +537,61 @@ async fn a_resumed_topics_rows_go_out_at_once_though_the_floor_passed_them() {
         "the resumed topic's rows went out in {took:?}, not at the probe a minute later"
     );
     assert_eq!(paused.pull(10, Duration::from_secs(3)).await.len(), 10);
+}
+
+#[tokio::test]
+async fn a_mark_waits_for_an_open_writer_but_not_for_a_held_snapshot() {
+    let db = TestDb::new().await;
+    let t = "projects/p/topics/marks";
+    // A report holds a snapshot of the outbox; a writer holds a row it has not committed.
+    let reader = session(&db).await;
+    let mut report = reader
+        .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .await
+        .expect("begin the report");
+    sqlx::query("SELECT count(*) FROM pubsub_outbox")
+        .execute(&mut *report)
+        .await
+        .expect("take the snapshot");
+    let mut writer = db.pool.begin().await.expect("begin the writer");
+    enqueue_in(&mut writer, message(t, "open", &[]).with_ordering_key("k")).await;
+
+    let mut conn = db.pool.acquire().await.expect("conn");
+    let stamp = settled::stamp(&mut conn).await.expect("stamp");
+    assert!(
+        stamp.exact,
+        "the identity sequence hands out ids one at a time"
+    );
+    let running = settled::running(&mut conn, &stamp.writers)
+        .await
+        .expect("running");
+    assert_eq!(
+        running.len(),
+        1,
+        "the writer holds the mark, the report does not: {stamp:?}"
+    );
+    writer.commit().await.expect("commit the writer");
+    let open_id: i64 = sqlx::query_scalar("SELECT id FROM pubsub_outbox WHERE dedupe_key = 'open'")
+        .fetch_one(&db.pool)
+        .await
+        .expect("the row");
+    assert!(
+        stamp.allocated >= open_id,
+        "the mark covers the writer's row"
+    );
+    assert!(
+        settled::running(&mut conn, &stamp.writers)
+            .await
+            .expect("running")
+            .is_empty(),
+        "settled once the writer ended, the report still open"
+    );
+    report.rollback().await.expect("end the report");
+
+    // A sequence that caches ids per session proves nothing.
+    sqlx::query("ALTER SEQUENCE pubsub_outbox_id_seq CACHE 20")
+        .execute(&mut *conn)
+        .await
+        .expect("cache");
+    assert!(!settled::stamp(&mut conn).await.expect("stamp").exact);
 }
