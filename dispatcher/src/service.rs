@@ -144,12 +144,12 @@ impl<P: Publish> Dispatcher<P> {
         let wakeup = Arc::new(Notify::new());
         let mut background =
             spawn_background(&dispatch, &config, registry, listener, &wakeup, &shutdown);
-        let heartbeat = tokio::spawn(tasks::heartbeat(
+        let mut heartbeat = AbortOnDrop(tokio::spawn(tasks::heartbeat(
             dispatch.clone(),
             config.batch.topics.clone(),
             config.forget_replicas_after,
             shutdown.clone(),
-        ));
+        )));
         // A replica started during an outage must not report ready: probe before the first claim
         // (on a schema behind, only a --topic: there is no table to read one from).
         let topic = if schema_ok {
@@ -189,7 +189,7 @@ impl<P: Publish> Dispatcher<P> {
         .await;
         background.abort_all();
         // The heartbeat task removes this replica's row as it stops (bounded: a second at most).
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), heartbeat).await;
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), &mut heartbeat.0).await;
         match drained {
             Ok(()) => {
                 pool.close().await;
@@ -202,6 +202,16 @@ impl<P: Publish> Dispatcher<P> {
 }
 
 /// The endpoints, LISTEN, the gauges and the purge, each until shutdown.
+/// A task ended with the run: when the run's future is dropped (a kill in the tests, a panic
+/// above it), the task goes too, as with a process's end, and so do its pool's connections.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 fn spawn_background<P: Publish>(
     dispatch: &Arc<Dispatch<P>>,
     config: &DispatcherConfig,

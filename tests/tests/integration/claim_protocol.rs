@@ -23,6 +23,7 @@ use harness::pubsub::{TestTopic, by_publish_order};
 use harness::wait::wait_until;
 use outbox_dispatcher::Code;
 use outbox_dispatcher::fault::{Fault, FaultInjector};
+use outbox_runtime::db::DatabaseArgs;
 use outbox_shared::store::dead_letter;
 use sqlx::PgPool;
 
@@ -72,7 +73,7 @@ impl Run {
             .unwrap_or(40);
         Self {
             seed,
-            sessions: 12,
+            sessions: 10,
             own_keys: 3,
             shared_keys: 6,
             writing: Duration::from_secs(seconds),
@@ -179,7 +180,19 @@ async fn replica(db: &TestDb, run: Run) -> Running {
     let mut config = test_dispatcher::config();
     config.workers = 2;
     config.batch.schedule.max_attempts = 8;
-    Running::start(test_dispatcher::build_service(db, publisher, config).await)
+    // A small pool (the workers, the listener and the background tasks): the run shares the
+    // server's connections with the tests beside it.
+    let args = DatabaseArgs {
+        pool_size: 5,
+        ..DatabaseArgs::for_url(db.url())
+    };
+    let pool = outbox_dispatcher::connect_database(&args, &config)
+        .await
+        .expect("the dispatcher's pool connects");
+    let d = outbox_dispatcher::Dispatcher::build(config, pool, publisher)
+        .await
+        .expect("the dispatcher builds");
+    Running::start(d)
 }
 
 #[tokio::test]
@@ -222,6 +235,17 @@ async fn the_claim_protocol_keeps_each_keys_order_whatever_the_writers_and_the_r
     for w in writers {
         w.await.expect("a writer session");
     }
+    // A killed replica's connections went with it (the writers' are back in their pool).
+    let sessions: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("sessions");
+    assert!(
+        sessions <= (20 + 5 * run.replicas) as i64,
+        "{sessions} sessions on the database after {kills} kills: a killed replica kept its connections"
+    );
     wait_until(
         "the outbox and the dead letters drain (replayed as they come)",
         Duration::from_secs(180),
