@@ -2,7 +2,6 @@
 //! and bqemulator (start them with `scripts/services up`).
 
 mod autoscaling;
-mod claim_protocol;
 mod console;
 mod credentials;
 mod dispatcher;
@@ -30,3 +29,4 @@ mod sidecar;
 mod throughput;
 mod traces;
 mod transport;
+mod writers_at_random;
