@@ -52,6 +52,20 @@ async fn session(db: &TestDb) -> PgPool {
         .expect("a session of its own")
 }
 
+/// A REPEATABLE READ transaction on `pool` that has read the outbox: its snapshot is held (as
+/// a report or a backup holds one) until it ends.
+async fn hold_snapshot(pool: &PgPool) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut tx = pool
+        .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .await
+        .expect("begin a snapshot");
+    sqlx::query("SELECT count(*) FROM pubsub_outbox")
+        .execute(&mut *tx)
+        .await
+        .expect("take the snapshot");
+    tx
+}
+
 /// The walk over every key from `floor`: the heads it saw and the index entries it read.
 async fn walk_cost(db: &TestDb, floor: &KeyFloor) -> (Vec<(String, Option<i64>)>, i64) {
     let pool = session(db).await;
@@ -148,15 +162,7 @@ async fn under_a_held_snapshot_claims_fetch_only_the_rows_above_their_floor() {
     // A report holds a snapshot while most rows are published (deleted, as the dispatcher does):
     // every key keeps its last 4 rows, the unkeyed queue its newest 1,000.
     let holder = session(&db).await;
-    let mut snapshot = holder.begin().await.expect("begin");
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        .execute(&mut *snapshot)
-        .await
-        .expect("repeatable read");
-    sqlx::query("SELECT count(*) FROM pubsub_outbox")
-        .execute(&mut *snapshot)
-        .await
-        .expect("take the snapshot");
+    let snapshot = hold_snapshot(&holder).await;
     let keyed_end = (KEYS * 40) as i64;
     sqlx::query("DELETE FROM pubsub_outbox WHERE id <= $1 - $2 OR (id > $1 AND id <= $1 + 19000)")
         .bind(keyed_end)
@@ -545,14 +551,7 @@ async fn a_mark_waits_for_an_open_writer_but_not_for_a_held_snapshot() {
     let t = "projects/p/topics/marks";
     // A report holds a snapshot of the outbox; a writer holds a row it has not committed.
     let reader = session(&db).await;
-    let mut report = reader
-        .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        .await
-        .expect("begin the report");
-    sqlx::query("SELECT count(*) FROM pubsub_outbox")
-        .execute(&mut *report)
-        .await
-        .expect("take the snapshot");
+    let report = hold_snapshot(&reader).await;
     let mut writer = db.pool.begin().await.expect("begin the writer");
     enqueue_in(&mut writer, message(t, "open", &[]).with_ordering_key("k")).await;
 

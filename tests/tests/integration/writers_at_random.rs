@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use harness::db::TestDb;
 use harness::dispatcher::{self as test_dispatcher, Running, real_publisher};
-use harness::fixtures::message;
+use harness::fixtures::{count, message};
 use harness::pubsub::{TestTopic, by_publish_order};
 use harness::wait::wait_until;
 use outbox_dispatcher::Code;
@@ -238,12 +238,11 @@ async fn the_claim_protocol_keeps_each_keys_order_whatever_the_writers_and_the_r
         w.await.expect("a writer session");
     }
     // A killed replica's connections went with it (the writers' are back in their pool).
-    let sessions: i64 = sqlx::query_scalar(
+    let sessions = count(
+        &db.pool,
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()",
     )
-    .fetch_one(&db.pool)
-    .await
-    .expect("sessions");
+    .await;
     assert!(
         sessions <= (20 + 5 * run.replicas) as i64,
         "{sessions} sessions on the database after {kills} kills: a killed replica kept its connections"
