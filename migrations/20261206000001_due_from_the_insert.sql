@@ -7,8 +7,7 @@
 -- took the table's lock. `created_at` keeps `now()`: the writer's transaction time.
 --
 -- Only the column's default changes (no rewrite, no scan), but ALTER TABLE waits for
--- ACCESS EXCLUSIVE and every later INSERT would queue behind it: it gives up after a few seconds
--- instead (run migrate again once the blocking transaction ended). Release N's binaries never
--- read the default: they run unchanged on this schema.
-SET LOCAL lock_timeout = '5s';
+-- ACCESS EXCLUSIVE and every later INSERT queues behind it: the runner's lock_timeout
+-- (shared/src/db/apply.rs) bounds that wait and retries. Release N's binaries never read the
+-- default: they run unchanged on this schema.
 ALTER TABLE pubsub_outbox ALTER COLUMN next_attempt_at SET DEFAULT clock_timestamp();

@@ -4,8 +4,12 @@
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A migration failed; nothing of this run was applied (one transaction).
-    #[error("migration {version} ({description}) failed, nothing was changed: {source}{hint}")]
+    /// A migration failed and was rolled back (each runs in its own transaction; the ones before
+    /// it stay applied).
+    #[error(
+        "migration {version} ({description}) failed and was rolled back (the migrations before \
+         it stay applied; migrate again once this is fixed goes on from it): {source}{hint}"
+    )]
     Migration {
         /// The migration's version (0: the bookkeeping table itself).
         version: i64,
@@ -17,9 +21,32 @@ pub enum Error {
         #[source]
         source: sqlx::Error,
     },
+    /// A migration could not take its locks within the deadline: others held them.
+    #[error(
+        "migration {version} ({description}) could not take its locks: each attempt gave up after \
+         waiting {lock_timeout:?} and rolled back ({attempts} attempt(s) over {waited:.1?}), \
+         blocked by {blockers}. Nothing of it was applied, and no write of the application \
+         waited on it longer than {lock_timeout:?}. End that transaction (or wait for it; \
+         SELECT pg_terminate_backend(pid) ends one that is stuck), then run migrate again; \
+         --migrate-deadline waits longer"
+    )]
+    MigrationBlocked {
+        /// The migration's version (0: the run's own lock, another run holds it).
+        version: i64,
+        /// Its description.
+        description: String,
+        /// How long each attempt waited.
+        lock_timeout: std::time::Duration,
+        /// How many attempts.
+        attempts: u32,
+        /// How long the run tried.
+        waited: std::time::Duration,
+        /// Who blocked it ([`crate::db::Blocker`]s, described).
+        blockers: String,
+    },
     /// An applied migration's text differs from this release's.
     #[error(
-        "migration {version} ({description}) was applied with other contents than this release          ships: the migrations were edited after they were applied. Restore the released          migrations (never edit an applied one; add a new migration instead)"
+        "migration {version} ({description}) was applied with other contents than this release ships: the migrations were edited after they were applied. Restore the released migrations (never edit an applied one; add a new migration instead)"
     )]
     MigrationModified {
         /// The version.
@@ -29,7 +56,7 @@ pub enum Error {
     },
     /// The database has a migration this release does not know.
     #[error(
-        "the database has outbox migration {version}, which this release does not ship: a newer          release migrated it. Run that release's migrate, or upgrade this binary"
+        "the database has outbox migration {version}, which this release does not ship: a newer release migrated it. Run that release's migrate, or upgrade this binary"
     )]
     MigrationUnknown {
         /// The newest unknown version.
@@ -37,7 +64,7 @@ pub enum Error {
     },
     /// `_sqlx_migrations` records an outbox migration of an earlier release as failed.
     #[error(
-        "an earlier release recorded outbox migration {version} ({description}) as failed in          _sqlx_migrations: repair the schema by hand (compare with migrations/), then delete that          row and migrate again"
+        "an earlier release recorded outbox migration {version} ({description}) as failed in _sqlx_migrations: repair the schema by hand (compare with migrations/), then delete that row and migrate again"
     )]
     MigrationIncomplete {
         /// The version.
@@ -69,6 +96,11 @@ impl Error {
                  administrator (it grants CREATE on schema public to the migrator), and migrate \
                  as the role it names as migrator (which then owns the outbox's tables)"
             }
+            // query_canceled: the statement timeout
+            Some("57014") => {
+                ". It ran longer than the statement timeout (--migrate-statement-timeout): \
+                 raise it for this run, or run it when the table is quieter"
+            }
             _ => "",
         };
         Self::Migration {
@@ -91,6 +123,7 @@ impl Error {
             | Self::MigrationUnknown { .. }
             | Self::MigrationIncomplete { .. }
             | Self::SchemaBehind(_) => true,
+            Self::MigrationBlocked { .. } => false,
             Self::Database { source, .. } => {
                 matches!(sqlstate(source).as_deref(), Some("42501"))
             }

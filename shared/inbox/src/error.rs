@@ -25,6 +25,10 @@ pub enum Error {
         #[source]
         source: sqlx::Error,
     },
+    /// Creating or changing the inbox's schema failed (a migration that could not take its locks
+    /// in time names who blocks it).
+    #[error("the inbox's schema: {0}")]
+    Schema(#[from] outbox_shared::Error),
     /// The message has no dedupe key, so it cannot be deduplicated.
     #[error(
         "the message has no `{attribute}` attribute (or it is empty), so it cannot be deduplicated; it is not processed. Publish through the outbox (every message carries one), or give the subscription a dead-letter topic for such messages"

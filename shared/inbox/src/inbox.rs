@@ -17,6 +17,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox_shared::db::MigrateSettings;
 use sqlx::{PgConnection, PgPool};
 
 use crate::counters::{Counters, InboxCounters};
@@ -191,11 +192,14 @@ impl Inbox {
     }
 }
 
-/// Creates the inbox table if needed (idempotent, safe from many processes at once).
+/// Creates the inbox table if needed (idempotent, safe from many processes at once), with the
+/// default [`MigrateSettings`].
 pub async fn migrate(pool: &PgPool) -> Result<()> {
-    let mut conn = pool
-        .acquire()
-        .await
-        .context("connecting to create the inbox table")?;
-    store::apply_schema(&mut conn).await
+    migrate_with(pool, &MigrateSettings::default()).await
+}
+
+/// [`migrate`] with the lock timeout, statement timeout and deadline of `settings`: the rules of
+/// the outbox's own migrations (docs/migrations.md).
+pub async fn migrate_with(pool: &PgPool, settings: &MigrateSettings) -> Result<()> {
+    store::apply_schema(pool, settings).await
 }

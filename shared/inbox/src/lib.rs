@@ -46,4 +46,5 @@ pub mod store;
 
 pub use counters::InboxCounters;
 pub use error::{Error, Result};
-pub use inbox::{Failure, Inbox, Outcome, migrate};
+pub use inbox::{Failure, Inbox, Outcome, migrate, migrate_with};
+pub use outbox_shared::db::MigrateSettings;

@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use sqlx::PgConnection;
+use outbox_shared::db::{MigrateSettings, apply};
+use sqlx::{PgConnection, PgPool};
 
 use crate::error::{DbContext, Result};
 
@@ -18,19 +19,40 @@ const SCHEMA: &[(&str, &str)] = &[(
     include_str!("../migrations/001_create_pubsub_inbox.sql"),
 )];
 
-/// Applies the steps of [`SCHEMA`] not yet recorded, in one transaction, serialised across
-/// processes by an advisory lock. Its own bookkeeping table rather than sqlx's
+/// Applies the steps of [`SCHEMA`] not yet recorded, each in its own transaction with the
+/// outbox's migration rules (a short lock timeout, retried with backoff while the application's
+/// transactions hold the table, naming who blocks it: `outbox_shared::db::apply`), serialised
+/// across processes by the run's lock. Its own bookkeeping table rather than sqlx's
 /// `_sqlx_migrations`: a consumer's database usually belongs to an application with its own
 /// migrations there, which would refuse to run beside versions they do not know.
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
-pub async fn apply_schema(conn: &mut PgConnection) -> Result<()> {
+pub async fn apply_schema(pool: &PgPool, settings: &MigrateSettings) -> Result<()> {
+    let mut lock =
+        apply::RunLock::take(&pool.connect_options(), "pubsub_inbox:schema", settings).await?;
+    let applied = async {
+        let mut conn = pool
+            .acquire()
+            .await
+            .context("connecting to create the inbox table")?;
+        apply_pending(&mut lock, &mut conn, settings).await
+    }
+    .await;
+    lock.release().await;
+    applied
+}
+
+async fn apply_pending(
+    lock: &mut apply::RunLock,
+    conn: &mut PgConnection,
+    settings: &MigrateSettings,
+) -> Result<()> {
     let mut tx = sqlx::Connection::begin(&mut *conn)
         .await
         .context("starting the inbox schema transaction")?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('pubsub_inbox:schema', 0))")
+    sqlx::raw_sql(&apply::timeouts("LOCAL", settings))
         .execute(&mut *tx)
         .await
-        .context("taking the inbox schema lock")?;
+        .context("setting the inbox schema's timeouts")?;
     sqlx::raw_sql(
         "CREATE TABLE IF NOT EXISTS pubsub_inbox_schema (
              step       text        PRIMARY KEY,
@@ -43,21 +65,36 @@ pub async fn apply_schema(conn: &mut PgConnection) -> Result<()> {
         .fetch_all(&mut *tx)
         .await
         .context("reading pubsub_inbox_schema")?;
-    for (step, sql) in SCHEMA {
+    tx.commit()
+        .await
+        .context("committing the inbox schema's bookkeeping")?;
+    for (i, (step, sql)) in SCHEMA.iter().enumerate() {
         if applied.iter().any(|a| a == step) {
             continue;
         }
-        sqlx::raw_sql(sql)
-            .execute(&mut *tx)
-            .await
-            .context("creating the pubsub_inbox table (the role needs CREATE on the schema)")?;
-        sqlx::query("INSERT INTO pubsub_inbox_schema (step) VALUES ($1)")
-            .bind(step)
-            .execute(&mut *tx)
-            .await
-            .context("recording an inbox schema step")?;
+        let name: &'static str = step;
+        apply::apply_step(
+            lock,
+            conn,
+            settings,
+            &apply::Step {
+                version: i64::try_from(i + 1).unwrap_or(i64::MAX),
+                description: step,
+                sql,
+                no_tx: sql.starts_with("-- no-transaction"),
+            },
+            &move |c, _| {
+                Box::pin(async move {
+                    sqlx::query("INSERT INTO pubsub_inbox_schema (step) VALUES ($1)")
+                        .bind(name)
+                        .execute(c)
+                        .await
+                        .map(|_| ())
+                })
+            },
+        )
+        .await?;
     }
-    tx.commit().await.context("committing the inbox schema")?;
     Ok(())
 }
 

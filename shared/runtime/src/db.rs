@@ -198,7 +198,41 @@ pub struct MigrateArgs {
     #[command(flatten)]
     pub database: DatabaseArgs,
     #[command(flatten)]
+    pub timeouts: MigrateTimeouts,
+    #[command(flatten)]
     pub telemetry: crate::telemetry::TelemetryArgs,
+}
+
+/// How a migration yields to the application's writes (docs/migrations.md).
+#[derive(Debug, Clone, clap::Args)]
+pub struct MigrateTimeouts {
+    /// How long each statement of a migration waits for a lock before its migration rolls back
+    /// and is tried again: the longest any write of the application queues behind a migration.
+    #[arg(long = "migrate-lock-timeout", env = "OUTBOX_MIGRATE_LOCK_TIMEOUT", default_value = "3s",
+          value_parser = humantime::parse_duration)]
+    pub lock_timeout: Duration,
+    /// How long one statement of a migration may run (an index build, a validation) before it is
+    /// cancelled and its migration rolled back.
+    #[arg(long = "migrate-statement-timeout", env = "OUTBOX_MIGRATE_STATEMENT_TIMEOUT",
+          default_value = "15m", value_parser = humantime::parse_duration)]
+    pub statement_timeout: Duration,
+    /// How long a migration keeps retrying while other transactions hold its locks (retries
+    /// back off from 1 s to 15 s with jitter) before `migrate` exits 1 naming the blocking
+    /// session; also how long it waits for another `migrate` run to end.
+    #[arg(long = "migrate-deadline", env = "OUTBOX_MIGRATE_DEADLINE", default_value = "5m",
+          value_parser = humantime::parse_duration)]
+    pub deadline: Duration,
+}
+
+impl MigrateTimeouts {
+    /// The runner's settings.
+    pub fn settings(&self) -> outbox_shared::db::MigrateSettings {
+        outbox_shared::db::MigrateSettings {
+            lock_timeout: self.lock_timeout,
+            statement_timeout: self.statement_timeout,
+            deadline: self.deadline,
+        }
+    }
 }
 
 /// Why `migrate` failed.
@@ -229,11 +263,12 @@ impl crate::exit::Failure for MigrateError {
 }
 
 /// The `migrate` command of both binaries: connects as the migrating role, applies what is
-/// pending in one transaction, and says what it did (or what failed, once). Returns the exit code.
+/// pending (each migration in its own transaction, yielding to the application's writes), and
+/// says what it did (or what failed, once). Returns the exit code.
 pub async fn migrate_command(args: &MigrateArgs) -> crate::exit::Exit {
     let applied = async {
         let pool = connect(&args.database, "pubsub-outbox-migrate").await?;
-        let report = outbox_shared::migrate(&pool).await;
+        let report = outbox_shared::db::migrate_with(&pool, &args.timeouts.settings()).await;
         pool.close().await;
         Ok::<_, MigrateError>(report?)
     };

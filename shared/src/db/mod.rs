@@ -12,24 +12,28 @@
 //! needs nothing more. sqlx 0.9 can rename its table, but would bring a major upgrade of the
 //! driver under every store function for what forty lines do here.
 //!
-//! **How it applies.** One transaction for the whole run, serialised across processes by a
-//! transaction-scoped advisory lock (safe behind a transaction-mode pooler): a migration that
-//! fails (a missing role, a missing privilege) leaves the database exactly as it was. Each
-//! applied version is recorded with the SHA-384 checksum of its text (the checksum sqlx computes,
-//! so rows taken over from `_sqlx_migrations` compare as they are); an applied migration whose
-//! text changed, or a version this release does not know (a newer release migrated), stops the
-//! run with what to do. Connecting, pool sizing and session settings belong to the service runtime
+//! **How it applies** ([`apply`]): every migration in its own transaction, with a short
+//! `lock_timeout` and a `statement_timeout` set first ([`MigrateSettings`]); one that waits for a
+//! lock longer rolls back, so the application's writes queued behind it go on, and is tried again
+//! with backoff until a deadline, naming who blocks it. The run holds a migration lock from the
+//! first migration to the last. A failure rolls back that migration alone: the ones before it
+//! stay applied and recorded, and a rerun goes on from there. Each applied version is recorded
+//! with the SHA-384 checksum of its text (the checksum sqlx computes, so rows taken over from
+//! `_sqlx_migrations` compare as they are); an applied migration whose text changed, or a version
+//! this release does not know (a newer release migrated), stops the run with what to do.
+//! Connecting, pool sizing and session settings belong to the service runtime
 //! (`outbox_runtime::db`): an application that already has a pool only needs [`migrate`].
 
+pub mod apply;
 mod version;
 
 use std::collections::HashMap;
-use std::time::Instant;
 
 use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::error::{DbContext, Error, Result};
 
+pub use apply::{Blocker, MigrateSettings};
 pub use version::{
     READABLE_SINCE, SchemaBehind, SchemaState, ensure_schema, release_version, schema_state,
 };
@@ -45,6 +49,7 @@ pub const MIGRATIONS_TABLE: &str = "pubsub_outbox_migrations";
 /// up to date. 20261201000001 and 20261201000015 created their roles when missing, which needs
 /// CREATEROLE; they now stop and point to deploy/sql/bootstrap.sql instead, and the grants are
 /// the same.
+/// 20261206000001 set its own `lock_timeout`; the runner sets it for every migration now.
 const REVISED: &[(i64, &str)] = &[
     (
         20261201000001,
@@ -53,6 +58,10 @@ const REVISED: &[(i64, &str)] = &[
     (
         20261201000015,
         "f5013e7f6da26e5796a70be5c5c954fcd7f289cf8808355781dab28d0c78c1e31198644323d69ba0d68fe3f49d7827e7",
+    ),
+    (
+        20261206000001,
+        "5b027b6c49a63316175ebfbfaff8802182f2506ee1227608faa7b106fb6033698f6d73fa2ce6cab7a3cd97ebb692cad8",
     ),
 ];
 
@@ -68,24 +77,41 @@ pub struct Migrated {
     pub up_to_date: usize,
 }
 
-/// Applies every pending migration (idempotent: applied ones are skipped), in one transaction.
+/// The name of the run's lock (an advisory lock: [`apply`]).
+const LOCK: &str = "pubsub_outbox:migrations";
+
+/// Applies every pending migration (idempotent: applied ones are skipped) with the default
+/// [`MigrateSettings`].
 pub async fn migrate(pool: &PgPool) -> Result<Migrated> {
-    let mut conn = pool.acquire().await.context("connecting to migrate")?;
-    migrate_on(&mut conn).await
+    migrate_with(pool, &MigrateSettings::default()).await
 }
 
-/// [`migrate`] on a connection the caller holds.
+/// Applies every pending migration, each in its own transaction, yielding to the application's
+/// writes as `settings` say ([`apply`]).
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
-pub async fn migrate_on(conn: &mut PgConnection) -> Result<Migrated> {
+pub async fn migrate_with(pool: &PgPool, settings: &MigrateSettings) -> Result<Migrated> {
+    let mut lock = apply::RunLock::take(&pool.connect_options(), LOCK, settings).await?;
+    let mut conn = pool.acquire().await.context("connecting to migrate")?;
+    let migrated = run(&mut lock, &mut conn, settings).await;
+    lock.release().await;
+    migrated
+}
+
+async fn run(
+    lock: &mut apply::RunLock,
+    conn: &mut PgConnection,
+    settings: &MigrateSettings,
+) -> Result<Migrated> {
+    // The bookkeeping, in one short transaction of its own (it locks no table the application
+    // writes).
     let mut tx = conn
         .begin()
         .await
-        .context("starting the migration transaction")?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('pubsub_outbox:migrations', 0))")
-        .persistent(crate::store::named_statements())
+        .context("starting the bookkeeping transaction")?;
+    sqlx::raw_sql(&apply::timeouts("LOCAL", settings))
         .execute(&mut *tx)
         .await
-        .context("taking the migration lock")?;
+        .context("setting the migration's timeouts")?;
     create_migrations_table(&mut tx).await?;
     let adopted = adopt_from_sqlx(&mut tx).await?;
     let applied: HashMap<i64, Vec<u8>> =
@@ -96,6 +122,9 @@ pub async fn migrate_on(conn: &mut PgConnection) -> Result<Migrated> {
             .context("reading pubsub_outbox_migrations")?
             .into_iter()
             .collect();
+    tx.commit()
+        .await
+        .context("committing the migrations' bookkeeping")?;
     let ours = release_migrations;
     if let Some(unknown) = applied
         .keys()
@@ -121,12 +150,27 @@ pub async fn migrate_on(conn: &mut PgConnection) -> Result<Migrated> {
                 });
             }
             None => {
-                apply(&mut tx, m).await?;
+                let step = apply::Step {
+                    version: m.version,
+                    description: &m.description,
+                    sql: &m.sql,
+                    no_tx: m.no_tx,
+                };
+                let done = apply::apply_step(lock, conn, settings, &step, &move |c, took| {
+                    Box::pin(record(c, m, took))
+                })
+                .await?;
+                tracing::info!(
+                    migration = m.version,
+                    attempts = done.attempts,
+                    "Applied migration {} ({}).",
+                    m.version,
+                    m.description
+                );
                 report.applied.push(m.version);
             }
         }
     }
-    tx.commit().await.context("committing the migrations")?;
     Ok(report)
 }
 
@@ -171,13 +215,12 @@ async fn create_migrations_table(tx: &mut PgConnection) -> Result<()> {
     Ok(())
 }
 
-/// Runs one migration and records it.
-async fn apply(tx: &mut PgConnection, m: &sqlx::migrate::Migration) -> Result<()> {
-    let started = Instant::now();
-    sqlx::raw_sql(&m.sql)
-        .execute(&mut *tx)
-        .await
-        .map_err(|source| Error::migration(m.version, &m.description, source))?;
+/// Records a migration as applied (in its transaction).
+async fn record(
+    c: &mut PgConnection,
+    m: &'static sqlx::migrate::Migration,
+    took: std::time::Duration,
+) -> std::result::Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO pubsub_outbox_migrations (version, description, checksum, execution_ms)
          VALUES ($1, $2, $3, $4)",
@@ -186,10 +229,9 @@ async fn apply(tx: &mut PgConnection, m: &sqlx::migrate::Migration) -> Result<()
     .bind(m.version)
     .bind(&*m.description)
     .bind(&*m.checksum)
-    .bind(i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX))
-    .execute(&mut *tx)
-    .await
-    .context("recording a migration in pubsub_outbox_migrations")?;
+    .bind(i64::try_from(took.as_millis()).unwrap_or(i64::MAX))
+    .execute(c)
+    .await?;
     Ok(())
 }
 
@@ -280,8 +322,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_migration_runs_inside_the_one_transaction() {
-        assert!(MIGRATOR.iter().all(|m| !m.no_tx));
+    fn every_migration_is_an_up_migration() {
         assert!(MIGRATOR.iter().all(|m| m.migration_type.is_up_migration()));
     }
 

@@ -10,6 +10,7 @@ mod floors;
 mod foundation;
 mod inbox;
 mod install;
+mod migrations;
 mod oncall;
 mod operator;
 mod operator_rules;
