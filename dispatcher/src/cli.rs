@@ -32,7 +32,7 @@ use crate::config::{
 /// flag also reads its environment variable. Exit codes: 0 ok, 1 failed, 2 bad usage or
 /// configuration, 3 nothing matched (operator commands).
 #[derive(Debug, Parser)]
-#[command(name = "dispatcher", version, about, long_about = None)]
+#[command(name = "dispatcher", version = outbox_runtime::release::LONG_VERSION, about, long_about = None)]
 pub struct Cli {
     /// What to do (`dispatcher [FLAGS]` means `dispatcher run [FLAGS]`).
     #[command(subcommand)]

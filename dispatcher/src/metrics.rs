@@ -66,6 +66,8 @@ pub struct Metrics {
     pub dead_letters: Family<Labels, Gauge>,
     /// 1 per paused topic.
     pub paused: Family<Labels, Gauge>,
+    /// The live replicas by release, as this replica's heartbeat reads them.
+    pub replicas: Family<Labels, Gauge>,
     /// Pool connections by state (in_use, idle).
     pub pool_connections: Family<Labels, Gauge>,
     /// 1 while the circuit breaker holds claiming because Pub/Sub is unreachable.
@@ -134,6 +136,7 @@ impl Metrics {
             claimable_age_seconds: Family::default(),
             dead_letters: Family::default(),
             paused: Family::default(),
+            replicas: Family::default(),
             pool_connections: Family::default(),
             breaker_open: Gauge::default(),
             blocked_keys: Gauge::default(),
@@ -254,9 +257,19 @@ impl Metrics {
             "Database pool connections by state",
             self.pool_connections.clone(),
         );
+        r.register(
+            "replicas",
+            "Live dispatcher replicas (a heartbeat within 30 s) by release, as this replica reads \
+             the heartbeat table: two releases during a rollout (every replica reports the same \
+             count: take max, not sum)",
+            self.replicas.clone(),
+        );
         let build = Family::<Labels, Gauge>::default();
         build
-            .get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_owned())])
+            .get_or_create(&vec![
+                ("version", env!("CARGO_PKG_VERSION").to_owned()),
+                ("commit", outbox_runtime::release::COMMIT.to_owned()),
+            ])
             .set(1);
         r.register("build_info", "The dispatcher's version", build);
         r.register(

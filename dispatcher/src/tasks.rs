@@ -424,6 +424,7 @@ pub(crate) async fn heartbeat<P: Publish>(
         hostname,
         pid: i32::try_from(pid).unwrap_or(i32::MAX),
         version: env!("CARGO_PKG_VERSION").to_owned(),
+        build_commit: Some(outbox_runtime::release::COMMIT.to_owned()),
         topics,
         started_at,
         heartbeat_at: started_at,
@@ -450,6 +451,20 @@ pub(crate) async fn heartbeat<P: Publish>(
                         ),
                         Ok(_) => {}
                         Err(e) => tracing::warn!(error = %e, "Pruning gone replicas failed."),
+                    }
+                    match replica::live_releases(&mut tx, crate::ops::status::STALE_AFTER).await {
+                        Ok(live) => {
+                            d.metrics.replicas.clear();
+                            for r in live {
+                                d.metrics
+                                    .replicas
+                                    .get_or_create(&vec![("release", r.version)])
+                                    .set(r.replicas);
+                            }
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "Reading the replicas' releases failed.")
+                        }
                     }
                     if let Err(e) = tx.commit().await {
                         tracing::warn!(error = %e, "Committing the replica heartbeat failed; will retry.");

@@ -32,7 +32,7 @@ use crate::settings::{self, OnOverlap, Settings, executor_id};
 #[derive(Debug, Parser)]
 #[command(
     name = "producer",
-    version,
+    version = outbox_runtime::release::LONG_VERSION,
     about,
     long_about,
     subcommand_required = true,

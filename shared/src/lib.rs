@@ -32,6 +32,7 @@ pub mod db;
 pub mod error;
 pub mod limits;
 pub mod message;
+pub mod release;
 pub mod retry;
 pub mod store;
 pub mod trace;

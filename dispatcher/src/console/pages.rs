@@ -316,14 +316,27 @@ fn section(
     format!("<h2>{title}</h2>{}", table(id, head, &rows))
 }
 
-/// The dispatcher replicas' heartbeats.
+/// The dispatcher replicas' heartbeats, and the releases they run (two during a rollout).
 fn replicas_section(status: &Value) -> String {
-    section(
+    let releases: Vec<String> = list(status, "releases")
+        .iter()
+        .map(|r| format!("{} on {}", text(r, "replicas"), esc(&text(r, "version"))))
+        .collect();
+    let summary = if releases.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "<p id=\"releases\">Releases: {} (live replicas)</p>",
+            releases.join(", ")
+        )
+    };
+    let table = section(
         status,
         "replicas",
         ("Dispatcher replicas", "replicas"),
         &[
             "Replica",
+            "Release",
             "Host",
             "Heartbeat age",
             "Breaker",
@@ -339,6 +352,7 @@ fn replicas_section(status: &Value) -> String {
             let heartbeat = r.get("heartbeat_age_seconds").and_then(Value::as_f64);
             vec![
                 esc(&text(r, "replica_id")),
+                esc(&text(r, "version")),
                 esc(&text(r, "hostname")),
                 age(heartbeat.unwrap_or(0.0)),
                 if open { "open" } else { "closed" }.to_owned(),
@@ -350,7 +364,8 @@ fn replicas_section(status: &Value) -> String {
                 if alive { "alive" } else { "gone" }.to_owned(),
             ]
         },
-    )
+    );
+    format!("{table}{summary}")
 }
 
 /// The producer's streams: watermark, lag, last run.

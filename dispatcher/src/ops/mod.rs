@@ -14,7 +14,7 @@ mod dead_letters;
 mod pause;
 mod pending;
 mod replicas;
-mod status;
+pub(crate) mod status;
 
 use clap::Subcommand;
 use outbox_runtime::operator::{Common, Exit, OpsError, Output, execute, near, output_on};

@@ -20,12 +20,15 @@ use outbox_runtime::operator::{
     parse_instant,
 };
 use outbox_runtime::table::{Table, instant, printable};
+use outbox_shared::release::Feature;
 use outbox_shared::store::audit::{self, Action};
 use outbox_shared::store::notify;
 use outbox_shared::store::pending::{self, Changed, KeyAfter, Pending, Selection};
+use outbox_shared::store::replica;
 use serde::Serialize;
 use sqlx::PgPool;
 
+use super::status::STALE_AFTER;
 use super::{ProjectArg, Unknown, Wake, known_topic, merge_keys, refuse_unknown_ids};
 use crate::config::SkipDeadLetters;
 
@@ -377,6 +380,59 @@ async fn check_topic(
     Ok(())
 }
 
+/// Refuses to cancel keyed messages while a dispatcher of a release that misreads a cancelled
+/// keyed row is alive ([`Feature::CancelKeyed`]): it would hold the key behind it. Unkeyed
+/// messages are cancelled whatever runs.
+async fn refuse_older_releases(conn: &mut sqlx::PgConnection, plan: &Plan) -> Result<(), OpsError> {
+    let feature = Feature::CancelKeyed;
+    let older: Vec<replica::LiveRelease> = replica::live_releases(conn, STALE_AFTER)
+        .await?
+        .into_iter()
+        .filter(|r| !feature.known_to(&r.version))
+        .collect();
+    if older.is_empty() {
+        return Ok(());
+    }
+    // Only now (a rollout in progress): whether the selection holds a keyed message, by pages
+    // of the same selection the change takes.
+    let mut after = None;
+    let keyed = loop {
+        let page = pending::select(conn, &plan.selection, 1000, after).await?;
+        if page.iter().any(|r| r.ordering_key.is_some()) {
+            break true;
+        }
+        match page.last() {
+            Some(last) if page.len() == 1000 => after = Some(last.id),
+            _ => break false,
+        }
+    };
+    if !keyed {
+        return Ok(());
+    }
+    let who: Vec<String> = older
+        .iter()
+        .map(|r| {
+            format!(
+                "{} on {} ({})",
+                r.replicas,
+                r.version,
+                r.replica_ids.join(", ")
+            )
+        })
+        .collect();
+    Err(OpsError::Failed(format!(
+        "not cancelled: the selection holds messages with an ordering key, and {} dispatcher \
+         replica(s) of a release before {} are alive ({}): such a release {}. Nothing was \
+         changed. Finish the rollout (every replica on {} or later: dispatcher status lists the \
+         releases), then cancel again; unkeyed messages can be cancelled now (docs/releases.md)",
+        older.iter().map(|r| r.replicas).sum::<i64>(),
+        feature.since(),
+        who.join("; "),
+        feature.misread(),
+        feature.since()
+    )))
+}
+
 /// Cancels or retries the plan's messages, a batch per transaction. Ids that are not unpublished
 /// rows refuse the whole command first (exit 2, nothing changed).
 async fn change(plan: Plan, pool: &PgPool) -> Result<Output, OpsError> {
@@ -401,6 +457,9 @@ async fn change(plan: Plan, pool: &PgPool) -> Result<Output, OpsError> {
                 "published already, cancelled, or never written: dispatcher pending list shows \
                  the ids",
             )?;
+        }
+        if plan.action == "cancel" {
+            refuse_older_releases(&mut conn, &plan).await?;
         }
         conn.rollback().await?;
     }

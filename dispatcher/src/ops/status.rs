@@ -6,6 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use outbox_runtime::operator::{Command, Common, Exit, OpsError, Output};
 use outbox_runtime::table::{Table, duration, instant};
+use outbox_shared::release::Feature;
 use outbox_shared::store::status::{
     BlockedKey, BlockedQuery, BlockedTopic, HeldTopicState, LongTransaction, StreamState,
     TableHealth, TopicState,
@@ -63,6 +64,8 @@ pub struct Status {
     pub blocked_topics: Vec<BlockedTopic>,
     pub streams: Vec<StreamStatus>,
     pub replicas: Vec<ReplicaStatus>,
+    /// The live replicas by release, newest first (two during a rollout).
+    pub releases: Vec<replica::LiveRelease>,
     pub long_transactions: Vec<LongTransaction>,
     pub outbox_table: TableHealth,
     /// What needs action, one sentence each.
@@ -110,6 +113,7 @@ async fn read(args: &Settings, pool: &PgPool) -> Result<Status, OpsError> {
     // Read-only, inside a transaction (as behind a transaction-mode pooler it must be).
     let mut conn = pool.begin().await?;
     let (now, replicas) = replica::list(&mut conn).await?;
+    let releases = replica::live_releases(&mut conn, STALE_AFTER).await?;
     let topics = status::topics(&mut conn, now, &args.skip_dead_letter_topics).await?;
     let paused = pause::list(&mut conn).await?;
     let held_topics = status::held_topics(&mut conn).await?;
@@ -159,6 +163,7 @@ async fn read(args: &Settings, pool: &PgPool) -> Result<Status, OpsError> {
         blocked_topics,
         streams,
         replicas,
+        releases,
         long_transactions,
         outbox_table,
         warnings: Vec::new(),
@@ -218,6 +223,7 @@ fn warnings(s: &Status, args: &Settings) -> Vec<String> {
         ));
     }
     w.extend(unreachable_warnings(s));
+    w.extend(release_warnings(&s.releases));
     for r in s.replicas.iter().filter(|r| !r.alive) {
         w.push(format!(
             "replica {} ({}) has not sent a heartbeat for {}: it is gone or wedged (its row is \
@@ -308,6 +314,45 @@ fn unreachable_warnings(s: &Status) -> Vec<String> {
     out
 }
 
+/// "3 replica(s) on 0.2.0, 1 on 0.1.0": the live replicas by release.
+pub fn releases_line(releases: &[replica::LiveRelease]) -> String {
+    releases
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            format!(
+                "{}{} on {}",
+                r.replicas,
+                if i == 0 { " replica(s)" } else { "" },
+                r.version
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// One warning per live release that misreads a feature: what it misreads and what refuses.
+fn release_warnings(releases: &[replica::LiveRelease]) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in releases {
+        for f in [Feature::CancelKeyed] {
+            if !f.known_to(&r.version) {
+                out.push(format!(
+                    "{} replica(s) run {} ({}), which predates {}: it {}. `pending cancel` of such \
+                     messages refuses until they run {} or later (docs/releases.md)",
+                    r.replicas,
+                    r.version,
+                    r.replica_ids.join(", "),
+                    f.since(),
+                    f.misread(),
+                    f.since()
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// The tables people read.
 fn render(s: &Status) -> String {
     let mut out = topics_table(s);
@@ -316,6 +361,9 @@ fn render(s: &Status) -> String {
             out.push('\n');
             out.push_str(&table.render());
         }
+    }
+    if !s.releases.is_empty() {
+        out.push_str(&format!("\nreleases: {}\n", releases_line(&s.releases)));
     }
     out.push_str(&format!(
         "\noutbox table: {} live rows, {} dead tuples (vacuum's backlog), {} MiB\n",
@@ -435,6 +483,7 @@ fn streams_table(s: &Status) -> Table {
 fn replicas_table(s: &Status) -> Table {
     let mut replicas = Table::new(&[
         "REPLICA",
+        "RELEASE",
         "HOST",
         "STARTED",
         "HEARTBEAT AGE",
@@ -445,6 +494,10 @@ fn replicas_table(s: &Status) -> Table {
     for r in &s.replicas {
         replicas.row(vec![
             r.replica.replica_id.clone(),
+            match &r.replica.build_commit {
+                Some(c) => format!("{} ({c})", r.replica.version),
+                None => r.replica.version.clone(),
+            },
             r.replica.hostname.clone(),
             instant(r.replica.started_at),
             duration(r.heartbeat_age_seconds),

@@ -17,6 +17,7 @@ pub mod db;
 pub mod exit;
 pub mod health;
 pub mod operator;
+pub mod release;
 pub mod shutdown;
 pub mod table;
 pub mod telemetry;

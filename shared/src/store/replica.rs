@@ -16,8 +16,10 @@ pub struct Replica {
     pub hostname: String,
     /// The process id.
     pub pid: i32,
-    /// The dispatcher's version.
+    /// The dispatcher's release (its version: `0.2.0`).
     pub version: String,
+    /// The commit it was built from (`None`: a release before 0.2.0, which does not say).
+    pub build_commit: Option<String>,
     /// The topics it serves (None: all).
     pub topics: Option<Vec<String>>,
     /// When it started.
@@ -42,8 +44,8 @@ pub async fn heartbeat(conn: &mut PgConnection, r: &Replica) -> Result<()> {
     sqlx::query(
         "INSERT INTO pubsub_outbox_replica (replica_id, hostname, pid, version, topics, started_at,
                                             heartbeat_at, breaker_open, breaker_reason, batches_in_flight,
-                                            rows_in_flight, published)
-         VALUES ($1, $2, $3, $4, $5, $6, now(), $7, $8, $9, $10, $11)
+                                            rows_in_flight, published, build_commit)
+         VALUES ($1, $2, $3, $4, $5, $6, now(), $7, $8, $9, $10, $11, $12)
          ON CONFLICT (replica_id) DO UPDATE SET heartbeat_at = now(),
              breaker_open = EXCLUDED.breaker_open, breaker_reason = EXCLUDED.breaker_reason,
              batches_in_flight = EXCLUDED.batches_in_flight,
@@ -61,6 +63,7 @@ pub async fn heartbeat(conn: &mut PgConnection, r: &Replica) -> Result<()> {
     .bind(r.batches_in_flight)
     .bind(r.rows_in_flight)
     .bind(r.published)
+    .bind(&r.build_commit)
     .execute(&mut *conn)
     .await
     .context("writing the replica heartbeat in pubsub_outbox_replica")?;
@@ -113,7 +116,7 @@ pub async fn list(conn: &mut PgConnection) -> Result<(DateTime<Utc>, Vec<Replica
         .context("reading the server clock")?;
     let replicas = sqlx::query_as(
         "SELECT replica_id, hostname, pid, version, topics, started_at, heartbeat_at, breaker_open,
-                breaker_reason, batches_in_flight, rows_in_flight, published
+                breaker_reason, batches_in_flight, rows_in_flight, published, build_commit
          FROM pubsub_outbox_replica ORDER BY heartbeat_at DESC",
     )
     .persistent(crate::store::named_statements())
@@ -121,4 +124,44 @@ pub async fn list(conn: &mut PgConnection) -> Result<(DateTime<Utc>, Vec<Replica
     .await
     .context("listing pubsub_outbox_replica")?;
     Ok((now, replicas))
+}
+
+/// The replicas with a heartbeat within `within`, by the release they run (newest first).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
+pub struct LiveRelease {
+    /// The release (the heartbeat's `version`).
+    pub version: String,
+    /// How many replicas run it.
+    pub replicas: i64,
+    /// Their ids.
+    pub replica_ids: Vec<String>,
+}
+
+/// The live replicas by release: what `status`, the console, the `outbox_replicas` metric and a
+/// change an older release would misread ([`crate::release::Feature`]) go by.
+#[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
+pub async fn live_releases(
+    conn: &mut PgConnection,
+    within: std::time::Duration,
+) -> Result<Vec<LiveRelease>> {
+    let mut live: Vec<LiveRelease> = sqlx::query_as(
+        "SELECT version, count(*)::bigint AS replicas,
+                array_agg(replica_id ORDER BY replica_id) AS replica_ids
+         FROM pubsub_outbox_replica
+         WHERE heartbeat_at > now() - make_interval(secs => $1)
+         GROUP BY version",
+    )
+    .persistent(crate::store::named_statements())
+    .bind(within.as_secs_f64())
+    .fetch_all(&mut *conn)
+    .await
+    .context("reading the live replicas' releases from pubsub_outbox_replica")?;
+    live.sort_by(|a, b| {
+        let (ra, rb) = (
+            crate::release::Release::parse(&a.version),
+            crate::release::Release::parse(&b.version),
+        );
+        rb.cmp(&ra).then_with(|| a.version.cmp(&b.version))
+    });
+    Ok(live)
 }

@@ -42,7 +42,11 @@ impl Application {
                 i += 1;
                 let t = Instant::now();
                 let mut tx = conn.begin().await.expect("begin");
-                let m = message("projects/p/topics/app", &format!("{tag}-{i}"), &[]);
+                let m = message(
+                    "projects/test-project/topics/app",
+                    &format!("{tag}-{i}"),
+                    &[],
+                );
                 enqueue_batch(&mut tx, &[m])
                     .await
                     .expect("the application's insert");
@@ -80,7 +84,7 @@ async fn open_writer(db: &TestDb) -> (PgConnection, i32) {
         .execute(&mut conn)
         .await
         .expect("begin");
-    let m = message("projects/p/topics/app", "slow-1", &[]);
+    let m = message("projects/test-project/topics/app", "slow-1", &[]);
     enqueue_batch(&mut conn, &[m]).await.expect("insert");
     let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
         .fetch_one(&mut conn)
