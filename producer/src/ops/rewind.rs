@@ -99,7 +99,13 @@ impl Command for RewindArgs {
             })?
             .detach();
         let result = rewind(&mut conn, &request).await;
-        // Closing the session releases the stream's lock.
+        // Released explicitly before the session closes: a closed session's locks go only once
+        // its backend has finished exiting, after this command may have returned, and a run or
+        // rewind started right after would find the stream still locked. Not after the refusal
+        // that the stream is being run: this session holds no lock then.
+        if !matches!(result, Err(OpsError::Failed(_))) {
+            let _ = watermark::unlock(&mut conn, &request.stream).await;
+        }
         let _ = conn.close().await;
         let done = result?;
         let view = RewindView {
