@@ -21,6 +21,16 @@ pub enum Error {
         #[source]
         source: sqlx::Error,
     },
+    /// The group roles the migrations grant to do not exist (deploy/sql/bootstrap.sql not run).
+    #[error(
+        "the outbox's group role(s) {roles} do not exist, so no migration was applied (nothing \
+         was changed): run deploy/sql/bootstrap.sql as an administrator first (it creates them; \
+         no migration creates a role), then migrate again"
+    )]
+    RolesMissing {
+        /// The missing roles, comma-separated.
+        roles: String,
+    },
     /// A migration could not take its locks within the deadline: others held them.
     #[error(
         "migration {version} ({description}) could not take its locks: each attempt gave up after \
@@ -122,7 +132,8 @@ impl Error {
             Self::MigrationModified { .. }
             | Self::MigrationUnknown { .. }
             | Self::MigrationIncomplete { .. }
-            | Self::SchemaBehind(_) => true,
+            | Self::SchemaBehind(_)
+            | Self::RolesMissing { .. } => true,
             Self::MigrationBlocked { .. } => false,
             Self::Database { source, .. } => {
                 matches!(sqlstate(source).as_deref(), Some("42501"))

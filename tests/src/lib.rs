@@ -20,6 +20,7 @@
 //! - [`bigquery`]: tables on bqemulator; [`producer`]: the producer's fixtures (the orders table
 //!   and stream, settings, an in-process run, the watermark and outbox reads).
 
+pub mod application;
 pub mod bigquery;
 pub mod bigquery_standin;
 pub mod db;

@@ -2,6 +2,7 @@
 //! run of the job in-process (as `producer run` does), and reads of what it left (outbox keys,
 //! watermark, summaries). Used by every producer test.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use gcp_bigquery_client::model::field_type::FieldType;
@@ -125,6 +126,29 @@ columns = [{payload}]
             payload = quoted.join(", "),
         )
     }
+}
+
+/// An orders table of `rows` rows (ids 1…, customers `c0`…`c2` as ordering keys) and a streams
+/// file with one stream `name` over it writing to `topic` (the payload: id and customer), for a
+/// `producer run` process; the table is kept alive by the caller.
+pub async fn orders_stream_file(name: &str, topic: &str, rows: i64) -> (TestTable, PathBuf) {
+    let table = TestTable::create(orders_schema()).await;
+    table
+        .insert(&(1..=rows).map(|i| order(i, i)).collect::<Vec<_>>())
+        .await;
+    let streams = KeyedStream {
+        name,
+        table: &table,
+        topic,
+        columns: &["customer", "status", "amount", "updated_at"],
+        attribute: None,
+        payload: &["id", "customer"],
+        extra: "",
+    }
+    .toml();
+    let path = std::env::temp_dir().join(format!("{}.toml", crate::env::unique_name(name)));
+    std::fs::write(&path, streams).expect("write the streams file");
+    (table, path)
 }
 
 /// A streams file parsed as `producer run` parses it (the test Pub/Sub project).

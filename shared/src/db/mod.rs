@@ -77,6 +77,10 @@ pub struct Migrated {
     pub up_to_date: usize,
 }
 
+/// The group roles the migrations grant to, which deploy/sql/bootstrap.sql creates (no migration
+/// creates a role: that needs CREATEROLE, which the migrating login does not have).
+const GROUP_ROLES: &[&str] = &["outbox_dispatcher", "outbox_operator", "outbox_producer"];
+
 /// The name of the run's lock (an advisory lock: [`apply`]).
 const LOCK: &str = "pubsub_outbox:migrations";
 
@@ -122,6 +126,24 @@ async fn run(
             .context("reading pubsub_outbox_migrations")?
             .into_iter()
             .collect();
+    // A first install before deploy/sql/bootstrap.sql: stop before anything is created (this
+    // transaction rolls back), rather than at the first migration that grants to a missing role
+    // with the ones before it applied.
+    if release_migrations().any(|m| !applied.contains_key(&m.version)) {
+        let missing: Vec<String> = sqlx::query_scalar(
+            "SELECT r FROM unnest($1::text[]) AS r
+             WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) ORDER BY r",
+        )
+        .bind(GROUP_ROLES)
+        .fetch_all(&mut *tx)
+        .await
+        .context("looking for the outbox's group roles in pg_roles")?;
+        if !missing.is_empty() {
+            return Err(Error::RolesMissing {
+                roles: missing.join(", "),
+            });
+        }
+    }
     tx.commit()
         .await
         .context("committing the migrations' bookkeeping")?;

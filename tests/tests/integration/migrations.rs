@@ -4,10 +4,9 @@
 //! exits 1 naming the blocker when it does not end within the deadline. An index built
 //! `CONCURRENTLY` (a no-transaction migration) is retried the same way and ends valid.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use harness::application::{Application, Inserts};
 use harness::db::TestDb;
 use harness::fixtures::message;
 use harness::process::Spawn;
@@ -15,64 +14,18 @@ use outbox_shared::db::{MigrateSettings, apply};
 use outbox_shared::enqueue_batch;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection, PgPool};
-use tokio::task::JoinHandle;
 
 /// The migration the tests take back: `ALTER TABLE pubsub_outbox` (ACCESS EXCLUSIVE), idempotent.
 const VERSION: i64 = 20261206000001;
 
-/// An application committing one outbox insert every 50 ms on a connection of its own; returns
-/// each insert's latency when stopped.
-struct Application {
-    stop: Arc<AtomicBool>,
-    task: JoinHandle<Vec<(Duration, Duration)>>,
-}
+const TOPIC: &str = "projects/test-project/topics/app";
 
-impl Application {
-    async fn start(db: &TestDb, tag: &str) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut conn = PgConnection::connect_with(&db.options().application_name("the-app"))
-            .await
-            .expect("the application connects");
-        let (flag, tag) = (stop.clone(), tag.to_owned());
-        let task = tokio::spawn(async move {
-            let started = Instant::now();
-            let mut latencies = Vec::new();
-            let mut i = 0;
-            while !flag.load(Ordering::Relaxed) {
-                i += 1;
-                let t = Instant::now();
-                let mut tx = conn.begin().await.expect("begin");
-                let m = message(
-                    "projects/test-project/topics/app",
-                    &format!("{tag}-{i}"),
-                    &[],
-                );
-                enqueue_batch(&mut tx, &[m])
-                    .await
-                    .expect("the application's insert");
-                tx.commit().await.expect("commit");
-                latencies.push((started.elapsed(), t.elapsed()));
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            latencies
-        });
-        Self { stop, task }
-    }
-
-    /// Stops it; the latencies of inserts that began in `window` (since its start).
-    async fn stop(self, window: std::ops::Range<Duration>) -> (usize, Duration, Duration) {
-        self.stop.store(true, Ordering::Relaxed);
-        let all = self.task.await.expect("the application ran");
-        let mut during: Vec<Duration> = all
-            .iter()
-            .filter(|(at, took)| window.contains(&at.saturating_sub(*took)))
-            .map(|(_, took)| *took)
-            .collect();
-        during.sort();
-        let p50 = during.get(during.len() / 2).copied().unwrap_or_default();
-        let max = during.last().copied().unwrap_or_default();
-        (during.len(), p50, max)
-    }
+/// An application committing one outbox insert every 50 ms.
+async fn application(db: &TestDb, tag: &'static str) -> Application {
+    Application::start(db, Duration::from_millis(50), move |i| {
+        vec![message(TOPIC, &format!("{tag}-{i}"), &[])]
+    })
+    .await
 }
 
 /// A business transaction that inserted an outbox row and stays open: what a migration waits for.
@@ -84,7 +37,7 @@ async fn open_writer(db: &TestDb) -> (PgConnection, i32) {
         .execute(&mut conn)
         .await
         .expect("begin");
-    let m = message("projects/test-project/topics/app", "slow-1", &[]);
+    let m = message(TOPIC, "slow-1", &[]);
     enqueue_batch(&mut conn, &[m]).await.expect("insert");
     let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
         .fetch_one(&mut conn)
@@ -127,7 +80,7 @@ async fn a_migration_behind_an_open_transaction_never_holds_the_applications_ins
  {
     let db = TestDb::new().await;
     take_back(&db.pool).await;
-    let app = Application::start(&db, "through").await;
+    let app = application(&db, "through").await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (mut writer, writer_pid) = open_writer(&db).await;
     let started = Instant::now();
@@ -141,11 +94,8 @@ async fn a_migration_behind_an_open_transaction_never_holds_the_applications_ins
     let ended_at = started.elapsed();
     let out = run.await.expect("joined").expect("migrate ran");
     let through = started.elapsed();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    // The window: from the migration's start to its end (1 s of application before it).
-    let (n, p50, max) = app
-        .stop(Duration::from_secs(1)..Duration::from_secs(1) + through)
-        .await;
+    let Inserts { count: n, p50, max } = app.inserts(started, Instant::now());
+    app.stop().await;
     let log = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -179,7 +129,7 @@ async fn a_migration_behind_an_open_transaction_never_holds_the_applications_ins
 async fn a_migration_that_cannot_get_its_locks_by_the_deadline_exits_1_naming_the_blocker() {
     let db = TestDb::new().await;
     take_back(&db.pool).await;
-    let app = Application::start(&db, "deadline").await;
+    let app = application(&db, "deadline").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (mut writer, writer_pid) = open_writer(&db).await;
     let started = Instant::now();
@@ -188,9 +138,8 @@ async fn a_migration_that_cannot_get_its_locks_by_the_deadline_exits_1_naming_th
         .await
         .expect("migrate ran");
     let took = started.elapsed();
-    let (n, p50, max) = app
-        .stop(Duration::from_millis(500)..Duration::from_millis(500) + took)
-        .await;
+    let Inserts { count: n, p50, max } = app.inserts(started, Instant::now());
+    app.stop().await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "exit 1: {stderr}");
     for part in [
@@ -248,7 +197,7 @@ async fn an_index_built_concurrently_is_retried_behind_a_writer_and_ends_valid()
         .connect_with(db.options())
         .await
         .expect("pool");
-    let app = Application::start(&db, "concurrently").await;
+    let app = application(&db, "concurrently").await;
     let (mut writer, _) = open_writer(&db).await;
     let mut lock = apply::RunLock::take(&pool.connect_options(), "test:concurrently", &settings)
         .await
@@ -277,7 +226,8 @@ async fn an_index_built_concurrently_is_retried_behind_a_writer_and_ends_valid()
     let done = done.expect("the index is built");
     let took = started.elapsed();
     lock.release().await;
-    let (n, _, max) = app.stop(Duration::ZERO..took).await;
+    let Inserts { count: n, max, .. } = app.inserts(started, Instant::now());
+    app.stop().await;
     let valid: bool = sqlx::query_scalar(
         "SELECT indisvalid FROM pg_index WHERE indexrelid = 'pubsub_outbox_test_topic'::regclass",
     )

@@ -329,31 +329,12 @@ async fn with_tracing_off_the_context_is_passed_on_and_logs_carry_no_trace_field
 
 #[tokio::test]
 async fn a_producer_run_is_a_trace_that_its_messages_continue_to_the_handler() {
-    use harness::bigquery::TestTable;
-    use harness::producer::{KeyedStream, order, orders_schema};
+    use harness::producer::orders_stream_file;
 
     let db = consumer_db().await;
     let topic = TestTopic::new(true).await;
     let receiver = OtlpReceiver::start(true).await;
-    let table = TestTable::create(orders_schema()).await;
-    table
-        .insert(&(1..=3).map(|i| order(i, i)).collect::<Vec<_>>())
-        .await;
-    let config = KeyedStream {
-        name: "traced",
-        table: &table,
-        topic: &topic.topic,
-        columns: &["customer", "status", "amount", "updated_at"],
-        attribute: None,
-        payload: &["id", "customer"],
-        extra: "",
-    }
-    .toml();
-    let path = std::env::temp_dir().join(format!(
-        "{}.toml",
-        harness::env::unique_name("traced-producer")
-    ));
-    std::fs::write(&path, &config).expect("write the streams file");
+    let (_table, path) = orders_stream_file("traced", &topic.topic, 3).await;
     let endpoint = receiver.endpoint();
     let output = Spawn::binary("producer")
         .args([

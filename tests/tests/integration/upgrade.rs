@@ -7,25 +7,24 @@
 //! 3. two N+1 dispatchers start beside them; `status`, the `outbox_replicas` metric name both
 //!    releases;
 //! 4. the N dispatchers stop one by one;
-//! 5. rollback: two N dispatchers start again on N+1's schema, the N+1 ones stop one by one;
-//!    N's producer runs once on N+1's schema.
+//! 5. rollback: two N dispatchers start again on N+1's schema, the N+1 ones stop one by one; with
+//!    only N running, N+1's `pending cancel` frees a key behind a waiting head (N reads the
+//!    `cancelled` dead letter as blocking nothing); N's producer runs once on N+1's schema.
 //!
-//! Verdicts: nothing lost or invented, every key in order, no dead letter, no publish stall, the
-//! application's inserts during `migrate` within the lock timeout, no error in any log.
+//! Verdicts: nothing lost or invented, every key in order, no dead letter (but the one
+//! cancelled), no publish stall, the application's inserts during `migrate` within the lock
+//! timeout, no error (nor any SQL error at any level) in any log.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use harness::bigquery::TestTable;
+use harness::application::Application;
 use harness::db::TestDb;
 use harness::env;
 use harness::fixtures::{dead_letters, unpublished_rows};
-use harness::ledger::DeliveryLedger;
 use harness::process::{Process, Spawn, http_get};
-use harness::producer::{KeyedStream, order, orders_schema};
+use harness::producer::orders_stream_file;
 use harness::pubsub::{TestTopic, arrivals, by_publish_order};
 use outbox_shared::{NewMessage, enqueue_batch};
 use sqlx::postgres::PgPoolOptions;
@@ -62,83 +61,6 @@ fn previous_release() -> (String, PathBuf) {
         dir.display()
     );
     (version, dir)
-}
-
-/// The application: one session committing a keyed and an unkeyed row every 20 ms (a NOTIFY
-/// each), recording what it wrote in order and how long each insert took.
-struct Application {
-    stop: Arc<AtomicBool>,
-    ledger: Arc<Mutex<DeliveryLedger>>,
-    inserts: Arc<Mutex<Vec<(Instant, Duration)>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Application {
-    async fn start(db: &TestDb, topic: &str) -> Self {
-        let mut conn = PgConnection::connect_with(&db.options().application_name("the-app"))
-            .await
-            .expect("the application connects");
-        let stop = Arc::new(AtomicBool::new(false));
-        let ledger = Arc::new(Mutex::new(DeliveryLedger::new()));
-        let inserts = Arc::new(Mutex::new(Vec::new()));
-        let (flag, l, ins, topic) = (
-            stop.clone(),
-            ledger.clone(),
-            inserts.clone(),
-            topic.to_owned(),
-        );
-        let task = tokio::spawn(async move {
-            let mut i = 0usize;
-            while !flag.load(Ordering::Relaxed) {
-                let key = format!("key-{:02}", i % KEYS);
-                let keyed = NewMessage::new(&topic, format!("k-{i}"), format!("{i}").into_bytes())
-                    .with_ordering_key(&key);
-                let unkeyed = NewMessage::new(&topic, format!("u-{i}"), b"u".to_vec());
-                let t = Instant::now();
-                let mut tx = conn.begin().await.expect("begin");
-                enqueue_batch(&mut tx, &[keyed, unkeyed])
-                    .await
-                    .expect("the application's insert");
-                outbox_shared::notify(&mut tx, outbox_shared::DEFAULT_NOTIFY_CHANNEL)
-                    .await
-                    .expect("notify");
-                tx.commit().await.expect("commit");
-                ins.lock().expect("lock").push((t, t.elapsed()));
-                {
-                    let mut l = l.lock().expect("lock");
-                    l.enqueued(&format!("k-{i}"), Some(&key));
-                    l.enqueued(&format!("u-{i}"), None);
-                }
-                i += 1;
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        });
-        Self {
-            stop,
-            ledger,
-            inserts,
-            task,
-        }
-    }
-
-    /// The slowest insert that began in `from..to`, and how many.
-    fn slowest(&self, from: Instant, to: Instant) -> (usize, Duration) {
-        let ins = self.inserts.lock().expect("lock");
-        let during: Vec<Duration> = ins
-            .iter()
-            .filter(|(t, _)| *t >= from && *t <= to)
-            .map(|(_, d)| *d)
-            .collect();
-        (during.len(), during.into_iter().max().unwrap_or_default())
-    }
-
-    async fn stop(self) -> (DeliveryLedger, Vec<(Instant, Duration)>) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.task.await.expect("the application ran");
-        let ledger = self.ledger.lock().expect("lock").clone();
-        let inserts = self.inserts.lock().expect("lock").clone();
-        (ledger, inserts)
-    }
 }
 
 /// A dispatcher of `bin_dir` (a release) publishing to the emulator, keeping published rows
@@ -203,6 +125,7 @@ async fn latencies(pool: &PgPool, phases: &[(&str, f64, f64)]) -> Vec<(String, i
              FROM (SELECT extract(epoch FROM published_at - created_at)::float8 AS l
                    FROM pubsub_outbox
                    WHERE published_at IS NOT NULL AND dedupe_key NOT LIKE 'long-%'
+                     AND dedupe_key NOT LIKE '%cancel%'
                      AND created_at >= to_timestamp($1) AND created_at < to_timestamp($2)) t",
         )
         .bind(from)
@@ -253,7 +176,15 @@ async fn the_previous_release_runs_beside_this_one_through_an_upgrade_and_a_roll
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let app = Application::start(&db, &topic.topic).await;
+    let t = topic.topic.clone();
+    let app = Application::start(&db, Duration::from_millis(20), move |i| {
+        vec![
+            NewMessage::new(&t, format!("k-{i}"), format!("{i}").into_bytes())
+                .with_ordering_key(format!("key-{:02}", i % KEYS)),
+            NewMessage::new(&t, format!("u-{i}"), b"u".to_vec()),
+        ]
+    })
+    .await;
     let t0 = epoch(&pool).await;
     let mut olds = Vec::new();
     for i in 0..2 {
@@ -296,16 +227,13 @@ async fn the_previous_release_runs_beside_this_one_through_an_upgrade_and_a_roll
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let (during_migrate, slowest_insert) = app.slowest(migrate_started, migrate_ended);
+    let during_migrate = app.inserts(migrate_started, migrate_ended);
     tokio::time::sleep(Duration::from_secs(3)).await;
     sqlx::raw_sql("COMMIT")
         .execute(&mut long)
         .await
         .expect("commit");
-    app.ledger
-        .lock()
-        .expect("lock")
-        .enqueued("long-1", Some("long-key"));
+    app.enqueued("long-1", Some("long-key"));
 
     // 3. N+1's dispatchers beside N's: both releases named.
     let t2 = epoch(&pool).await;
@@ -351,23 +279,75 @@ async fn the_previous_release_runs_beside_this_one_through_an_upgrade_and_a_roll
         tokio::time::sleep(Duration::from_secs(3)).await;
         logs.push((format!("new-{i}"), stop(p, "an N+1 dispatcher").await));
     }
-    let table = TestTable::create(orders_schema()).await;
+    // N reads a cancelled keyed message as blocking nothing: with only N's dispatchers running, a
+    // key whose head waits (its retry a day ahead) is freed by this release's `pending cancel`.
+    let head: i64 = sqlx::query_scalar(
+        "INSERT INTO pubsub_outbox (topic, ordering_key, dedupe_key, payload, next_attempt_at)
+         VALUES ($1, 'cancel-key', 'cancel-me', '\\x00', now() + interval '1 day') RETURNING id",
+    )
+    .bind(&topic.topic)
+    .fetch_one(&pool)
+    .await
+    .expect("a waiting head");
+    let mut tx = pool.begin().await.expect("begin");
+    enqueue_batch(
+        &mut tx,
+        &[
+            NewMessage::new(&topic.topic, "after-cancel", b"next".to_vec())
+                .with_ordering_key("cancel-key"),
+        ],
+    )
+    .await
+    .expect("the key's next message");
+    tx.commit().await.expect("commit");
+    app.enqueued("after-cancel", Some("cancel-key"));
+    let published = |key: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT published_at IS NOT NULL FROM pubsub_outbox WHERE dedupe_key = $1",
+            )
+            .bind(key)
+            .fetch_one(&pool)
+            .await
+            .expect("the row")
+        }
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !published("after-cancel").await,
+        "the key waits behind its head"
+    );
+    let (code, _, err) = harness::operator::dispatcher(
+        &db,
+        &[
+            "pending",
+            "cancel",
+            &head.to_string(),
+            "--reason",
+            "upgrade test",
+        ],
+    );
+    assert_eq!(code, 0, "cancel with only {previous} running: {err}");
+    let cancelled_at = Instant::now();
+    harness::wait::wait_until(
+        "N publishes the key's next message",
+        Duration::from_secs(15),
+        || {
+            let published = published("after-cancel");
+            async move {
+                if published.await {
+                    Ok(())
+                } else {
+                    Err("after-cancel unpublished".to_owned())
+                }
+            }
+        },
+    )
+    .await;
+    let freed_in = cancelled_at.elapsed();
     let orders = 30;
-    table
-        .insert(&(1..=orders).map(|i| order(i, i)).collect::<Vec<_>>())
-        .await;
-    let streams = KeyedStream {
-        name: "orders-n",
-        table: &table,
-        topic: &topic.topic,
-        columns: &["customer", "status", "amount", "updated_at"],
-        attribute: None,
-        payload: &["id", "customer"],
-        extra: "",
-    }
-    .toml();
-    let path = std::env::temp_dir().join(format!("{}.toml", env::unique_name("upgrade")));
-    std::fs::write(&path, streams).expect("the streams file");
+    let (_table, path) = orders_stream_file("orders-n", &topic.topic, orders).await;
     let out = Spawn::program(dir.join("producer"))
         .args(["run", "--config"])
         .arg(&path)
@@ -387,7 +367,7 @@ async fn the_previous_release_runs_beside_this_one_through_an_upgrade_and_a_roll
     let t5 = epoch(&pool).await;
 
     // The end: the application stops, everything drains.
-    let (mut ledger, inserts) = app.stop().await;
+    let (mut ledger, transactions) = app.stop().await;
     for id in 1..=orders {
         ledger.enqueued(&format!("orders-n:{id}"), Some(&format!("c{}", id % 3)));
     }
@@ -415,13 +395,13 @@ async fn the_previous_release_runs_beside_this_one_through_an_upgrade_and_a_roll
     println!(
         "FIGURE upgrade {previous} -> {ours} and back, application 2 rows / 20 ms ({} \
          transactions, {} messages), 2+2 dispatchers:",
-        inserts.len(),
+        transactions,
         ledger.len()
     );
     println!(
         "FIGURE   N+1 migrate behind a 3 s+ business transaction: {migrate_took:.1?}; the \
-         application's {during_migrate} inserts meanwhile: max {slowest_insert:.1?} (lock timeout \
-         {LOCK_TIMEOUT:?})"
+         application's {} inserts meanwhile: max {:.1?} (lock timeout {LOCK_TIMEOUT:?})",
+        during_migrate.count, during_migrate.max
     );
     for (name, n, p50, max) in &phases {
         println!(
@@ -430,23 +410,30 @@ async fn the_previous_release_runs_beside_this_one_through_an_upgrade_and_a_roll
             max * 1000.0
         );
     }
+    let failed_letters: i64 = harness::fixtures::count(
+        &db.pool,
+        "SELECT count(*) FROM pubsub_outbox_dead_letter WHERE error_kind <> 'cancelled'",
+    )
+    .await;
+    println!("FIGURE   {previous} freed a key whose head this release cancelled in {freed_in:.1?}");
     println!(
         "FIGURE   verdict: {} arrivals, {} lost, {} invented, {} duplicates, {} order breaks, {} \
-         dead letters",
+         dead letters (and the 1 cancelled)",
         verdict.arrivals,
         verdict.lost.len(),
         verdict.invented.len(),
         verdict.duplicates,
         verdict.order_violations.len(),
-        dead_letters(&db.pool).await
+        failed_letters
     );
     verdict.assert_clean("the upgrade and the rollback");
-    assert_eq!(dead_letters(&db.pool).await, 0, "no dead letter");
+    assert_eq!(failed_letters, 0, "no dead letter");
+    assert_eq!(dead_letters(&db.pool).await, 1, "the one cancelled message");
     assert_eq!(unpublished_rows(&db.pool).await, 0);
     assert!(
-        slowest_insert < LOCK_TIMEOUT + Duration::from_millis(500),
-        "the application's inserts waited at most the lock timeout during migrate \
-         ({slowest_insert:?})"
+        during_migrate.max < LOCK_TIMEOUT + Duration::from_millis(500),
+        "the application's inserts waited at most the lock timeout during migrate ({:?})",
+        during_migrate.max
     );
     for (name, n, _, max) in &phases {
         assert!(*n > 0, "{name}: rows published");
