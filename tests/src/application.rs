@@ -115,3 +115,28 @@ impl Application {
         (ledger, n)
     }
 }
+
+/// A business transaction of a session named `application_name` that inserted `messages` into the
+/// outbox and stays open (what a migration or a floor waits for) until the caller sends `COMMIT`
+/// on the connection; with its backend pid.
+pub async fn open_transaction(
+    db: &TestDb,
+    application_name: &str,
+    messages: &[NewMessage],
+) -> (PgConnection, i32) {
+    let mut conn = PgConnection::connect_with(&db.options().application_name(application_name))
+        .await
+        .expect("the writer connects");
+    sqlx::raw_sql("BEGIN")
+        .execute(&mut conn)
+        .await
+        .expect("begin");
+    enqueue_batch(&mut conn, messages)
+        .await
+        .expect("the open transaction's insert");
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut conn)
+        .await
+        .expect("pid");
+    (conn, pid)
+}

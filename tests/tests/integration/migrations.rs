@@ -6,14 +6,13 @@
 
 use std::time::{Duration, Instant};
 
-use harness::application::{Application, Inserts};
+use harness::application::{Application, Inserts, open_transaction};
 use harness::db::TestDb;
 use harness::fixtures::message;
 use harness::process::Spawn;
 use outbox_shared::db::{MigrateSettings, apply};
-use outbox_shared::enqueue_batch;
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool};
 
 /// The migration the tests take back: `ALTER TABLE pubsub_outbox` (ACCESS EXCLUSIVE), idempotent.
 const VERSION: i64 = 20261206000001;
@@ -30,20 +29,7 @@ async fn application(db: &TestDb, tag: &'static str) -> Application {
 
 /// A business transaction that inserted an outbox row and stays open: what a migration waits for.
 async fn open_writer(db: &TestDb) -> (PgConnection, i32) {
-    let mut conn = PgConnection::connect_with(&db.options().application_name("slow-business-tx"))
-        .await
-        .expect("the slow writer connects");
-    sqlx::raw_sql("BEGIN")
-        .execute(&mut conn)
-        .await
-        .expect("begin");
-    let m = message(TOPIC, "slow-1", &[]);
-    enqueue_batch(&mut conn, &[m]).await.expect("insert");
-    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut conn)
-        .await
-        .expect("pid");
-    (conn, pid)
+    open_transaction(db, "slow-business-tx", &[message(TOPIC, "slow-1", &[])]).await
 }
 
 async fn take_back(pool: &PgPool) {

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use harness::application::Application;
+use harness::application::{Application, open_transaction};
 use harness::db::TestDb;
 use harness::env;
 use harness::fixtures::{dead_letters, unpublished_rows};
@@ -27,8 +27,8 @@ use harness::process::{Process, Spawn, http_get};
 use harness::producer::orders_stream_file;
 use harness::pubsub::{TestTopic, arrivals, by_publish_order};
 use outbox_shared::{NewMessage, enqueue_batch};
+use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, PgConnection, PgPool};
 
 const LOCK_TIMEOUT: Duration = Duration::from_secs(2);
 const KEYS: usize = 12;
@@ -194,19 +194,12 @@ async fn the_previous_release_runs_beside_this_one_through_an_upgrade_and_a_roll
 
     // 2. N+1's migrate while they run, behind a business transaction open on the outbox.
     let t1 = epoch(&pool).await;
-    let mut long = PgConnection::connect_with(&db.options().application_name("long-business-tx"))
-        .await
-        .expect("connect");
-    sqlx::raw_sql("BEGIN")
-        .execute(&mut long)
-        .await
-        .expect("begin");
-    enqueue_batch(
-        &mut long,
+    let (mut long, _) = open_transaction(
+        &db,
+        "long-business-tx",
         &[NewMessage::new(&topic.topic, "long-1", b"long".to_vec()).with_ordering_key("long-key")],
     )
-    .await
-    .expect("the long transaction's insert");
+    .await;
     let migrate_started = Instant::now();
     let out = Spawn::binary("dispatcher")
         .args([
