@@ -639,9 +639,6 @@ async fn change(plan: Plan, pool: &PgPool) -> Result<Output, OpsError> {
         if let Some(wait) = budget.checked_sub(started.elapsed()) {
             tokio::time::sleep(wait).await;
         }
-        if !plan.ids.is_empty() {
-            break;
-        }
     }
     report.count = report.ids.len();
     change_output(&plan, report)

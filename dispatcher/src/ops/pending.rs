@@ -478,9 +478,6 @@ async fn change(plan: Plan, pool: &PgPool) -> Result<Output, OpsError> {
     let mut after_id = None;
     while let Some(last) = change_page(&plan, &selector, pool, after_id, &mut report).await? {
         after_id = Some(last);
-        if !plan.ids.is_empty() {
-            break;
-        }
     }
     let seen: Vec<i64> = report
         .ids

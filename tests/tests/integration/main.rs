@@ -13,6 +13,7 @@ mod install;
 mod migrations;
 mod oncall;
 mod operator;
+mod operator_changes;
 mod operator_rules;
 mod ordering;
 mod pending;
