@@ -99,13 +99,6 @@ impl Command for RewindArgs {
             })?
             .detach();
         let result = rewind(&mut conn, &request).await;
-        // Released explicitly before the session closes: a closed session's locks go only once
-        // its backend has finished exiting, after this command may have returned, and a run or
-        // rewind started right after would find the stream still locked. Not after the refusal
-        // that the stream is being run: this session holds no lock then.
-        if !matches!(result, Err(OpsError::Failed(_))) {
-            let _ = watermark::unlock(&mut conn, &request.stream).await;
-        }
         let _ = conn.close().await;
         let done = result?;
         let view = RewindView {
@@ -156,9 +149,11 @@ pub struct RewindView {
     pub reason: String,
 }
 
-/// Rewinds on `conn`, a session of its own: takes the stream's lock (try), then moves the
-/// watermark and writes the audit row in one transaction. The lock stays held until the caller
-/// closes the session (or calls [`watermark::unlock`]).
+/// Rewinds on `conn`, a session of its own: takes the stream's lock (try), moves the watermark
+/// and writes the audit row in one transaction, and releases the lock whatever happened. Released
+/// explicitly rather than with the session: a closed session's locks go only once its backend has
+/// exited, which may be after this command returned, and a run or rewind started right after
+/// would find the stream still locked.
 pub async fn rewind(conn: &mut PgConnection, request: &Request) -> Result<Rewound, OpsError> {
     let stream = request.stream.as_str();
     if !watermark::lock(conn, stream, false).await? {
@@ -167,6 +162,14 @@ pub async fn rewind(conn: &mut PgConnection, request: &Request) -> Result<Rewoun
              changed. Retry when the run has finished (producer streams shows it as running)"
         )));
     }
+    let result = rewind_locked(conn, request).await;
+    watermark::unlock(conn, stream).await?;
+    result
+}
+
+/// [`rewind`] with the stream's lock held.
+async fn rewind_locked(conn: &mut PgConnection, request: &Request) -> Result<Rewound, OpsError> {
+    let stream = request.stream.as_str();
     let mut tx = conn.begin().await.map_err(outbox_shared::Error::begin)?;
     let Some(previous) = watermark::get(&mut tx, stream).await? else {
         let known: Vec<String> = watermark::list(&mut tx)
