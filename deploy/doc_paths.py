@@ -2,7 +2,7 @@
 the code as it is, so a moved or renamed file fails the check instead of leaving the document wrong.
 
 A name in backticks is checked when it looks like a path of this repository:
-- it starts with a top-level entry (`dispatcher/src/batch.rs`, `scripts/chaos`): it must exist;
+- it starts with a top-level entry (`dispatcher/src/batch/mod.rs`, `scripts/chaos`): it must exist;
 - it is relative to a context the text gives (`bigquery/`, `src/bin/outbox-chaos/`: it ends with
   `/`) or a bare file name (`batch.rs`, `claim_ordered.sql`): some tracked path must end with it.
 URLs, endpoints (`/healthz`) and anything with spaces, wildcards or placeholders are not paths.

@@ -219,7 +219,7 @@ pub struct PubsubConfig {
     /// A PEM file of certificate authorities to trust besides the system's (a private endpoint).
     pub ca_file: Option<PathBuf>,
     /// The `:authority` requests carry, when not the one Google's clients derive from the
-    /// endpoint (`crate::transport::authority`).
+    /// endpoint (`crate::pubsub::transport::authority`).
     pub authority: Option<String>,
 }
 
@@ -300,12 +300,12 @@ impl Default for BreakerSettings {
     }
 }
 
-/// The first backoff of a topic refused for quota (`crate::pace`), and the least
+/// The first backoff of a topic refused for quota (`crate::refusals::pace`), and the least
 /// `--quota-max-backoff` may be.
 pub const MIN_QUOTA_BACKOFF: Duration = Duration::from_millis(100);
 
-/// What the dispatcher does when Pub/Sub refuses a topic as a whole (`crate::hold`), and how far
-/// quota slows a topic down (`crate::pace`).
+/// What the dispatcher does when Pub/Sub refuses a topic as a whole (`crate::refusals::hold`), and
+/// how far quota slows a topic down (`crate::refusals::pace`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RefusalSettings {
     /// The first probe of a held topic comes this long after the refusal; the interval doubles.

@@ -53,7 +53,7 @@ pub enum DispatcherError {
 
 impl DispatcherError {
     /// Whether a statement failed because the schema lacks what it names (the schema may be
-    /// behind this release: `crate::schema` tells).
+    /// behind this release: `crate::refusals::schema` tells).
     pub fn is_schema_mismatch(&self) -> bool {
         matches!(self, Self::Store(e) if e.is_schema_mismatch())
     }

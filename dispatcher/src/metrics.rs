@@ -9,6 +9,25 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use outbox_shared::store::dead_letter::ErrorKind;
+
+use crate::pubsub::classify::FailureKind;
+
+/// The `kind` of a publish failure refused by the local limit checks (never sent, so of no
+/// [`FailureKind`]).
+pub const LIMIT: &str = "limit";
+
+/// The kinds of dead letters the dispatcher writes (`rejected` is the producer's).
+pub const DEAD_LETTER_KINDS: [ErrorKind; 2] = [ErrorKind::Permanent, ErrorKind::Exhausted];
+
+/// Every `kind` of `outbox_publish_failures_total`: each [`FailureKind`]'s, and [`LIMIT`].
+fn failure_kinds() -> impl Iterator<Item = &'static str> {
+    FailureKind::ALL
+        .into_iter()
+        .map(FailureKind::as_str)
+        .chain([LIMIT])
+}
+
 /// A one-label set: `kind`.
 pub type KindLabel = Vec<(&'static str, &'static str)>;
 
@@ -76,12 +95,12 @@ pub struct Metrics {
     pub blocked_keys: Gauge,
     /// The fraction of publishes failed on purpose (`--inject-failure-rate`; 0 in production).
     pub fault_injection_rate: Gauge<f64, AtomicU64>,
-    /// Seconds since Pub/Sub began refusing a held topic, per topic (`crate::hold`); the paging
-    /// alert's input.
+    /// Seconds since Pub/Sub began refusing a held topic, per topic (`crate::refusals::hold`); the
+    /// paging alert's input.
     pub topic_held_seconds: Family<Labels, Gauge<f64, AtomicU64>>,
     /// Probes of held topics sent by this replica.
     pub held_topic_probes: Counter,
-    /// The quota backoff of a topic Pub/Sub refuses for quota, per topic (`crate::pace`).
+    /// The quota backoff of a topic Pub/Sub refuses for quota, per topic (`crate::refusals::pace`).
     pub quota_backoff_seconds: Family<Labels, Gauge<f64, AtomicU64>>,
 }
 
@@ -96,17 +115,10 @@ impl Metrics {
         m.register_refusals(r);
         // Every labelled series exists from the start (at 0), so alerts on increases work from the
         // first failure.
-        for kind in [
-            "transient",
-            "permanent",
-            "topic_refused",
-            "throttled",
-            "limit",
-            "not_attempted",
-        ] {
+        for kind in failure_kinds() {
             m.fail(kind, 0);
         }
-        for kind in ["permanent", "exhausted"] {
+        for kind in DEAD_LETTER_KINDS {
             m.dead_letter(kind, 0);
         }
         m
@@ -318,15 +330,53 @@ impl Metrics {
         );
     }
 
-    /// Counts one failure of `kind`.
+    /// Counts `n` failures of `kind` ([`FailureKind::as_str`], or [`LIMIT`]).
     pub fn fail(&self, kind: &'static str, n: u64) {
         self.failed.get_or_create(&vec![("kind", kind)]).inc_by(n);
     }
 
-    /// Counts dead letters of `kind`.
-    pub fn dead_letter(&self, kind: &'static str, n: u64) {
+    /// Counts `n` dead letters of `kind`.
+    pub fn dead_letter(&self, kind: ErrorKind, n: u64) {
         self.dead_lettered
-            .get_or_create(&vec![("kind", kind)])
+            .get_or_create(&vec![("kind", kind.as_str())])
             .inc_by(n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exported() -> String {
+        let mut registry = Registry::default();
+        let _metrics = Metrics::register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
+        text
+    }
+
+    #[test]
+    fn every_failure_kind_and_dead_letter_kind_has_a_series_from_the_start() {
+        let text = exported();
+        for kind in FailureKind::ALL {
+            // Exhaustive: a new kind stops this compiling until it is named here; list it in
+            // `FailureKind::ALL` too, whose kinds the metrics register.
+            let (FailureKind::Transient
+            | FailureKind::Permanent
+            | FailureKind::TopicRefused
+            | FailureKind::Throttled
+            | FailureKind::NotAttempted) = kind;
+            let series = format!(
+                "outbox_publish_failures_total{{kind=\"{}\"}} 0",
+                kind.as_str()
+            );
+            assert!(text.contains(&series), "no {series} in:\n{text}");
+        }
+        let series = format!("outbox_publish_failures_total{{kind=\"{LIMIT}\"}} 0");
+        assert!(text.contains(&series), "no {series}");
+        for kind in DEAD_LETTER_KINDS {
+            let series = format!("outbox_dead_lettered_total{{kind=\"{}\"}} 0", kind.as_str());
+            assert!(text.contains(&series), "no {series} in:\n{text}");
+        }
     }
 }

@@ -16,19 +16,17 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use outbox_runtime::db::DatabaseArgs;
-use outbox_runtime::health::{self, Checks};
+use outbox_runtime::health;
 use outbox_runtime::shutdown::Shutdown;
 
-use crate::batch;
+use crate::batch::dispatch::Dispatch;
+use crate::batch::outcome::BatchOutcome;
+use crate::batch::{self, worker};
 use crate::config::DispatcherConfig;
-use crate::dispatch::Dispatch;
 use crate::error::DispatcherError;
-use crate::floors::upkeep::{self, Upkeep};
 use crate::metrics::Metrics;
-use crate::outcome::BatchOutcome;
-use crate::publish::Publish;
-use crate::tasks;
-use crate::worker;
+use crate::pubsub::publish::Publish;
+use crate::tasks::{self, hold_watch};
 
 /// A dispatcher ready to run.
 #[derive(Debug)]
@@ -111,12 +109,12 @@ impl<P: Publish> Dispatcher<P> {
     }
 
     /// Reads the held topics and probes those due at `now` (what the background task does every
-    /// half second; `crate::hold`): what each probe found.
+    /// half second; `crate::refusals::hold`): what each probe found.
     pub async fn probe_held_topics(
         &self,
         now: DateTime<Utc>,
-    ) -> Result<Vec<(String, crate::hold_watch::Probe)>, DispatcherError> {
-        crate::hold_watch::probe_due(&self.dispatch, now).await
+    ) -> Result<Vec<(String, hold_watch::Probe)>, DispatcherError> {
+        hold_watch::probe_due(&self.dispatch, now).await
     }
 
     /// The metrics in the Prometheus text format, as `/metrics` serves them.
@@ -138,13 +136,14 @@ impl<P: Publish> Dispatcher<P> {
             local_addr,
         } = self;
         let pool = dispatch.pool.clone();
-        // A replica on a schema behind its release claims nothing and says so (`crate::schema`);
-        // read before the background tasks start, so that none of them reads a missing table.
+        // A replica on a schema behind its release claims nothing and says so
+        // (`crate::refusals::schema`); read before the background tasks start, so that none of them
+        // reads a missing table.
         let schema_ok = dispatch.schema.check(&pool).await;
         let wakeup = Arc::new(Notify::new());
         let mut background =
-            spawn_background(&dispatch, &config, registry, listener, &wakeup, &shutdown);
-        let mut heartbeat = AbortOnDrop(tokio::spawn(tasks::heartbeat(
+            tasks::spawn(&dispatch, &config, registry, listener, &wakeup, &shutdown);
+        let mut heartbeat = AbortOnDrop(tokio::spawn(tasks::heartbeat::heartbeat(
             dispatch.clone(),
             config.batch.topics.clone(),
             config.forget_replicas_after,
@@ -201,7 +200,6 @@ impl<P: Publish> Dispatcher<P> {
     }
 }
 
-/// The endpoints, LISTEN, the gauges and the purge, each until shutdown.
 /// A task ended with the run: when the run's future is dropped (a kill in the tests, a panic
 /// above it), the task goes too, as with a process's end, and so do its pool's connections.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -210,83 +208,6 @@ impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
     }
-}
-
-fn spawn_background<P: Publish>(
-    dispatch: &Arc<Dispatch<P>>,
-    config: &DispatcherConfig,
-    registry: Arc<Registry>,
-    listener: TcpListener,
-    wakeup: &Arc<Notify>,
-    shutdown: &Shutdown,
-) -> JoinSet<()> {
-    let pool = dispatch.pool.clone();
-    let mut background = JoinSet::new();
-    let checks = Checks {
-        live: tasks::liveness(dispatch.clone(), config.liveness_timeout),
-        ready: tasks::readiness(
-            pool.clone(),
-            dispatch.breaker.clone(),
-            dispatch.schema.clone(),
-        ),
-    };
-    background.spawn(tasks::health_server(
-        listener,
-        registry,
-        checks,
-        shutdown.clone(),
-    ));
-    if let Some(channel) = &config.notify_channel {
-        background.spawn(tasks::listen(
-            pool.clone(),
-            channel.clone(),
-            config.idle.notify_coalesce,
-            wakeup.clone(),
-            shutdown.clone(),
-        ));
-    }
-    background.spawn(crate::schema::watch(
-        dispatch.schema.clone(),
-        pool.clone(),
-        shutdown.clone(),
-    ));
-    background.spawn(tasks::sample_gauges(
-        pool.clone(),
-        dispatch.schema.clone(),
-        dispatch.metrics.clone(),
-        config.batch.topics.clone(),
-        config.batch.skip_dead_letter_topics.clone(),
-        shutdown.clone(),
-    ));
-    background.spawn(crate::hold_watch::watch(dispatch.clone(), shutdown.clone()));
-    let upkeep = Upkeep {
-        floors: dispatch.floors.clone(),
-        pool: pool.clone(),
-        session: dispatch.claim_session.clone(),
-        schema: dispatch.schema.clone(),
-        metrics: dispatch.metrics.clone(),
-        topics: config.batch.topics.clone(),
-        max_old_keys: usize::try_from(config.batch.key_scan_limit).unwrap_or(usize::MAX),
-        left_alone: Box::new({
-            let d = dispatch.clone();
-            move || d.left_alone()
-        }),
-    };
-    background.spawn(upkeep::keep(
-        upkeep,
-        config.claim_probe_interval,
-        shutdown.clone(),
-    ));
-    if !config.retention.is_zero() {
-        background.spawn(tasks::purge(
-            pool,
-            dispatch.schema.clone(),
-            config.retention,
-            config.purge_interval,
-            shutdown.clone(),
-        ));
-    }
-    background
 }
 
 /// The topic the start-up probe asks about: one this replica is about to publish to, never a

@@ -14,6 +14,9 @@ pub const TRACEPARENT_ATTRIBUTE: &str = "googclient_traceparent";
 /// The Pub/Sub attribute carrying the W3C `tracestate`.
 pub const TRACESTATE_ATTRIBUTE: &str = "googclient_tracestate";
 
+/// A version 00 `traceparent`'s length: `00-` and 32, 1 and 16, 1 and 2 characters.
+const VERSION_00_LEN: usize = 55;
+
 /// The longest `tracestate` carried (W3C: 32 list members; 512 bytes is what propagators keep).
 pub const MAX_TRACESTATE_BYTES: usize = 512;
 
@@ -44,6 +47,21 @@ impl TraceContext {
     /// The context's parsed `traceparent`.
     pub fn parse(&self) -> Result<TraceParent, InvalidTraceParent> {
         TraceParent::parse(&self.traceparent)
+    }
+
+    /// The context as it is carried on (the dispatcher's publish): its `traceparent` parsed and,
+    /// when a later version appended fields, rewritten in version 00's form; a `tracestate` not
+    /// worth carrying ([`Self::valid_tracestate`]) dropped. An invalid `traceparent` is left as it
+    /// is, and the error says why.
+    pub fn normalize(&mut self) -> Result<TraceParent, InvalidTraceParent> {
+        let parent = self.parse()?;
+        if self.traceparent.len() != VERSION_00_LEN {
+            self.traceparent = parent.to_string();
+        }
+        if self.tracestate.is_some() && self.valid_tracestate().is_none() {
+            self.tracestate = None;
+        }
+        Ok(parent)
     }
 
     /// The `tracestate` worth carrying: printable ASCII of at most [`MAX_TRACESTATE_BYTES`].
@@ -89,7 +107,7 @@ impl TraceParent {
             why,
         };
         let b = value.as_bytes();
-        if b.len() < 55 {
+        if b.len() < VERSION_00_LEN {
             return Err(invalid("shorter than 55 characters"));
         }
         if b[2] != b'-' || b[35] != b'-' || b[52] != b'-' {
@@ -101,10 +119,10 @@ impl TraceParent {
         if version == 0xff {
             return Err(invalid("version ff is invalid"));
         }
-        if version == 0 && b.len() != 55 {
+        if version == 0 && b.len() != VERSION_00_LEN {
             return Err(invalid("version 00 is exactly 55 characters"));
         }
-        if version != 0 && b.len() > 55 && b[55] != b'-' {
+        if version != 0 && b.len() > VERSION_00_LEN && b[VERSION_00_LEN] != b'-' {
             return Err(invalid("characters follow the flags without a dash"));
         }
         let trace_id =
@@ -232,5 +250,23 @@ mod tests {
         assert_eq!(long.valid_tracestate(), None);
         let binary = TraceContext::new(VALID).with_tracestate("a=\u{7}");
         assert_eq!(binary.valid_tracestate(), None);
+    }
+
+    #[test]
+    fn normalizing_keeps_version_00_rewrites_a_later_one_and_drops_a_bad_tracestate() {
+        let mut same = TraceContext::new(VALID).with_tracestate("congo=t61rcWkgMzE");
+        assert!(same.normalize().is_ok());
+        assert_eq!(
+            same,
+            TraceContext::new(VALID).with_tracestate("congo=t61rcWkgMzE")
+        );
+        let later = "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-follows";
+        let mut c = TraceContext::new(later).with_tracestate("a=\u{7}");
+        c.normalize().expect("a later version parses");
+        assert_eq!(c.traceparent, VALID, "in version 00's form");
+        assert_eq!(c.tracestate, None, "not worth carrying");
+        let mut bad = TraceContext::new("garbage");
+        assert!(bad.normalize().is_err());
+        assert_eq!(bad.traceparent, "garbage", "left as it is");
     }
 }

@@ -16,7 +16,7 @@ use sqlx::PgPool;
 
 use super::Floors;
 use crate::metrics::Metrics;
-use crate::schema::SchemaGate;
+use crate::refusals::schema::SchemaGate;
 
 /// What the upkeep works on: the floors, and what it needs to walk the outbox.
 pub(crate) struct Upkeep {

@@ -1,4 +1,4 @@
-//! The Publish transport (dispatcher/src/transport.rs) as Pub/Sub sees it: through a proxy that
+//! The Publish transport (dispatcher/src/pubsub/transport.rs) as Pub/Sub sees it: through a proxy that
 //! records and decodes every gRPC call, the real `dispatcher` binary sends one ordering key per
 //! request, at most 1,000 messages and 10 MB, the `authorization` header of its Application
 //! Default Credentials on every request (a new token once the old one expired), a `grpc-timeout`

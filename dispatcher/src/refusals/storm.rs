@@ -2,21 +2,21 @@
 //!
 //! A refused request fails every message in it, so a batch's unkeyed rows, sent together, are
 //! refused whole as soon as one of them is poisoned; isolation then finds the poisoned ones
-//! (`crate::parts`). In a storm every batch would pay that first doomed request (every message
-//! of it validated for nothing) before isolating. So a topic whose batch had an unkeyed message
-//! refused on its own is *in a storm*: its unkeyed rows go straight in parts (`crate::parts::send_cut`),
-//! each in requests of its own, the good parts are published at the first attempt and only the refused parts are
-//! isolated. A batch of the topic with none of its unkeyed rows refused ends the storm (logged
-//! at info when it starts, at debug when it ends). Keyed rows are never affected (a key is a
-//! request of its own already).
+//! (`crate::batch::isolate`). In a storm every batch would pay that first doomed request (every
+//! message of it validated for nothing) before isolating. So a topic whose batch had an unkeyed
+//! message refused on its own is *in a storm*: its unkeyed rows go straight in parts
+//! (`Isolation::send_cut`), each in requests of its own, the good parts are published at the
+//! first attempt and only the refused parts are isolated. A batch of the topic with none of its
+//! unkeyed rows refused ends the storm (logged at info when it starts, at debug when it ends).
+//! Keyed rows are never affected (a key is a request of its own already).
 
 use std::collections::HashSet;
 use std::sync::Mutex;
 
 use outbox_shared::ClaimedMessage;
 
-use crate::classify::FailureKind;
-use crate::decide::Attempt;
+use crate::pubsub::classify::FailureKind;
+use crate::pubsub::publish::Attempt;
 
 /// The topics in a storm, shared by the workers of a process.
 #[derive(Debug, Default)]
@@ -33,7 +33,7 @@ impl Storms {
     }
 
     /// The unkeyed messages of `batch` whose topic storms (by index): they go in parts
-    /// (`crate::parts::send_cut`).
+    /// (`crate::batch::isolate::Isolation::send_cut`).
     pub(crate) fn in_storm(&self, batch: &[ClaimedMessage]) -> Vec<usize> {
         let topics = self.topics();
         if topics.is_empty() {

@@ -1,18 +1,17 @@
 //! Quota as backpressure: a topic Pub/Sub answers RESOURCE_EXHAUSTED (a project's or region's
 //! publish quota, flow control) slows down instead of charging its rows attempts.
 //!
-//! Per topic, in this process, from each batch's messages of the topic: more refused for quota
-//! than accepted doubles the topic's backoff (from [`MIN_QUOTA_BACKOFF`] up to `--quota-max-backoff`);
+//! Per topic, in this process, from each batch's messages of the topic: more refused for quota than
+//! accepted doubles the topic's backoff (from [`MIN_QUOTA_BACKOFF`] up to `--quota-max-backoff`);
 //! as many or more accepted halves it (while any is refused, not below the minimum; with none
-//! refused, below the minimum is back to full speed). After any refusal this replica's claims
-//! leave the topic alone for the backoff. A refused row waits the backoff (with jitter) in
-//! the row itself, no attempt charged, so a restart keeps the spacing and other replicas do not
-//! take it at once; a refused key waits whole, in order. So the backoff grows only while the
-//! quota refuses most of what is sent: sending slower then lets a real quota (throughput per
-//! minute) accept more, and the backoff settles where refusals no longer outnumber acceptances.
-//! Google's clients slow down the same way (flow control and retries with backoff): the request
-//! rate adapts to what the quota allows, and a quota that lasts hours costs latency, never a dead
-//! letter.
+//! refused, below the minimum is back to full speed). After any refusal this replica's claims leave
+//! the topic alone for the backoff. A refused row waits the backoff (with jitter) in the row
+//! itself, no attempt charged, so a restart keeps the spacing and other replicas do not take it at
+//! once; a refused key waits whole, in order. So the backoff grows only while the quota refuses
+//! most of what is sent: sending slower then lets a real quota (throughput per minute) accept more,
+//! and the backoff settles where refusals no longer outnumber acceptances. Google's clients slow
+//! down the same way (flow control and retries with backoff): the request rate adapts to what the
+//! quota allows, and a quota that lasts hours costs latency, never a dead letter.
 //!
 //! What bounds the delay: a refused row waits at most `--quota-max-backoff` before it is tried
 //! again, and a topic is never left alone longer; once the quota allows, each accepted batch
@@ -25,9 +24,9 @@ use std::time::Duration;
 use outbox_shared::ClaimedMessage;
 use std::time::Instant;
 
-use crate::classify::FailureKind;
 use crate::config::MIN_QUOTA_BACKOFF;
-use crate::decide::Attempt;
+use crate::pubsub::classify::FailureKind;
+use crate::pubsub::publish::Attempt;
 
 #[derive(Debug, Clone, Copy)]
 struct Pace {
@@ -148,7 +147,7 @@ impl Paces {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::classify::PublishFailure;
+    use crate::pubsub::classify::PublishFailure;
 
     fn msg(id: i64, topic: &str) -> ClaimedMessage {
         crate::test_support::message(id, topic, None, 0)

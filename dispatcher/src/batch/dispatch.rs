@@ -1,6 +1,7 @@
 //! The state the workers of a process share ([`Dispatch`]: the pool, the publisher, the breaker,
-//! the schema gate, the byte budget, the key walk, the heartbeats). The unit of work (`crate::batch`) and the
-//! worker loop (`crate::worker`) both stand on it; it knows neither.
+//! the schema gate, the byte budget, the key walk, the heartbeats). The unit of work
+//! (`crate::batch`) and the worker loop (`crate::batch::worker`) both stand on it; it knows
+//! neither.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU64, Ordering};
@@ -11,17 +12,17 @@ use tokio::sync::Semaphore;
 
 use outbox_shared::store::claim::{KeyCursor, OrderedBatch};
 
-use crate::breaker::Breaker;
+use crate::batch::liveness::Heartbeats;
 use crate::config::{BatchSettings, DispatcherConfig, Idle, RefusalSettings};
 use crate::floors::Floors;
-use crate::hold::Holds;
-use crate::liveness::Heartbeats;
 use crate::log_gate::LogGate;
 use crate::metrics::Metrics;
-use crate::pace::Paces;
-use crate::publish::Publish;
-use crate::schema::SchemaGate;
-use crate::storm::Storms;
+use crate::pubsub::publish::Publish;
+use crate::refusals::breaker::Breaker;
+use crate::refusals::hold::Holds;
+use crate::refusals::pace::Paces;
+use crate::refusals::schema::SchemaGate;
+use crate::refusals::storm::Storms;
 use outbox_shared::store::claim::ClaimSession;
 
 /// Everything a worker shares with the other workers of its process.
@@ -32,7 +33,7 @@ pub(crate) struct Dispatch<P> {
     pub(crate) settings: BatchSettings,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) breaker: Arc<Breaker>,
-    /// Whether the schema has every migration of this release (`crate::schema`).
+    /// Whether the schema has every migration of this release (`crate::refusals::schema`).
     pub(crate) schema: Arc<SchemaGate>,
     pub(crate) heartbeats: Heartbeats,
     pub(crate) inflight: ByteBudget,
@@ -48,15 +49,15 @@ pub(crate) struct Dispatch<P> {
     pub(crate) idle: SharedIdle,
     /// Writers' NOTIFYs wake the workers (LISTEN is on).
     pub(crate) listening: bool,
-    /// Lets through at most one slow-batch warning a second (`crate::outcome`).
+    /// Lets through at most one slow-batch warning a second (`crate::batch::outcome`).
     pub(crate) slow_log: LogGate,
-    /// The topics in a poison storm (`crate::storm`).
+    /// The topics in a poison storm (`crate::refusals::storm`).
     pub(crate) storms: Storms,
-    /// Lets through at most one ignored-trace-context warning a second (`crate::trace`).
+    /// Lets through at most one ignored-trace-context warning a second (`crate::pubsub::trace`).
     pub(crate) trace_log: LogGate,
-    /// The topics Pub/Sub refuses as a whole, held (`crate::hold`).
+    /// The topics Pub/Sub refuses as a whole, held (`crate::refusals::hold`).
     pub(crate) holds: Holds,
-    /// The topics slowed down by quota (`crate::pace`).
+    /// The topics slowed down by quota (`crate::refusals::pace`).
     pub(crate) paces: Paces,
     /// How held topics are probed and how far quota slows a topic down.
     pub(crate) refusals: RefusalSettings,

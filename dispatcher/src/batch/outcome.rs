@@ -1,5 +1,5 @@
-//! The batch's last step: settling what [`crate::send`] decided in the claim's transaction and
-//! committing it (a crash before the commit rolls everything back: the rows are claimed again,
+//! The batch's last step: settling what [`crate::batch::send`] decided in the claim's transaction
+//! and committing it (a crash before the commit rolls everything back: the rows are claimed again,
 //! the published ones re-sent, at-least-once), then reporting it: metrics, the dead letters' and
 //! held topics' logs, the slow-batch warning, the breaker on an outage, and the batch's outcome.
 
@@ -15,11 +15,11 @@ use sqlx::{Postgres, Transaction};
 use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
-use crate::claim::Claimed;
-use crate::decide::Decision;
-use crate::dispatch::Dispatch;
+use crate::batch::claim::Claimed;
+use crate::batch::decide::Decision;
+use crate::batch::dispatch::Dispatch;
+use crate::batch::send::Sent;
 use crate::error::DispatcherError;
-use crate::send::Sent;
 
 /// What one batch did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -35,9 +35,10 @@ pub struct Settled {
     /// Released untouched (not attempted, held behind a failure on their key, or their topic
     /// refused as a whole).
     pub released: usize,
-    /// Rows whose topic Pub/Sub refused as a whole (held: `crate::hold`), among `released`.
+    /// Rows whose topic Pub/Sub refused as a whole (held: `crate::refusals::hold`), among
+    /// `released`.
     pub topic_refused: usize,
-    /// Rows refused for quota, waiting without an attempt charged (`crate::pace`), among
+    /// Rows refused for quota, waiting without an attempt charged (`crate::refusals::pace`), among
     /// `retried`.
     pub throttled: usize,
     /// A held topic's probe was accepted: the topic is released.
@@ -254,7 +255,7 @@ fn record<P>(
         }
     }
     for f in &s.dead_letters {
-        d.metrics.dead_letter(f.kind.as_str(), 1);
+        d.metrics.dead_letter(f.kind, 1);
         let dead_letter_id = changed
             .dead_letter_ids
             .iter()

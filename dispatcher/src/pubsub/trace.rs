@@ -1,7 +1,8 @@
 //! The writer's trace, continued through the publish (docs/tracing.md).
 //!
-//! **Checked once per batch** ([`vet`]): a row's `traceparent` is parsed; a malformed one, or one
-//! with no room left among the message's attributes, is dropped with a warning (at most one a
+//! **Checked once per batch** ([`vet`]): a row's context is parsed and put in the form it is sent
+//! in by `outbox_shared`'s one parser (`TraceContext::normalize`); a malformed one, or one with
+//! no room left among the message's attributes, is dropped with a warning (at most one a
 //! second, counted in `outbox_trace_context_ignored_total`) and the message goes out without it.
 //!
 //! **One send span per traced message** ([`Sends`]), a child of the writer's context, only when
@@ -22,34 +23,28 @@ use opentelemetry_sdk::trace::{SdkTracer, Span};
 use outbox_shared::ClaimedMessage;
 use outbox_shared::limits::{MAX_ATTRIBUTES, MAX_MESSAGE_BYTES};
 use outbox_shared::trace::{TRACEPARENT_ATTRIBUTE, TRACESTATE_ATTRIBUTE, TraceParent};
+use prometheus_client::metrics::counter::Counter;
 
-use crate::classify::PublishFailure;
 use crate::log_gate::LogGate;
-use crate::metrics::Metrics;
+use crate::pubsub::classify::PublishFailure;
 
 /// Checks the trace context of every claimed row (module documentation): keeps a valid one
 /// (version 00's form, a valid `tracestate` or none) and drops the rest, warning once a second.
 /// A row's own `googclient_traceparent`/`googclient_tracestate` attributes give way to its
-/// context.
+/// context. Each dropped context counts on `ignored` (`outbox_trace_context_ignored_total`).
 pub(crate) fn vet(
     claimed: &mut [ClaimedMessage],
     dedupe_attribute: &str,
-    metrics: &Metrics,
+    ignored: &Counter,
     gate: &LogGate,
 ) {
     for m in claimed.iter_mut() {
         let Some(context) = m.trace_context.as_mut() else {
             continue;
         };
-        let why = match context.parse() {
+        let why = match context.normalize() {
             Err(e) => Some(e.to_string()),
-            Ok(parent) => {
-                if context.traceparent.len() != 55 {
-                    context.traceparent = parent.to_string();
-                }
-                if context.tracestate.is_some() && context.valid_tracestate().is_none() {
-                    context.tracestate = None;
-                }
+            Ok(_) => {
                 m.attributes.remove(TRACEPARENT_ATTRIBUTE);
                 m.attributes.remove(TRACESTATE_ATTRIBUTE);
                 no_room(m, dedupe_attribute)
@@ -57,7 +52,7 @@ pub(crate) fn vet(
         };
         if let Some(why) = why {
             m.trace_context = None;
-            metrics.trace_context_ignored.inc();
+            ignored.inc();
             if let Some(held_back) = gate.pass() {
                 tracing::warn!(
                     outbox.id = m.id, outbox.dedupe_key = %m.dedupe_key, pubsub.topic = %m.topic,
@@ -287,7 +282,7 @@ mod tests {
 
     #[test]
     fn vetting_keeps_valid_contexts_drops_malformed_ones_and_makes_room() {
-        let metrics = Metrics::register(&mut prometheus_client::registry::Registry::default());
+        let ignored = Counter::default();
         let gate = LogGate::new(std::time::Duration::from_secs(1));
         let later = "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra";
         let mut crowded = row(4, Some(PARENT));
@@ -305,7 +300,7 @@ mod tests {
             own,
             row(6, None),
         ];
-        vet(&mut rows, "dedupe_key", &metrics, &gate);
+        vet(&mut rows, "dedupe_key", &ignored, &gate);
         let kept: Vec<Option<&str>> = rows
             .iter()
             .map(|m| m.trace_context.as_ref().map(|c| c.traceparent.as_str()))
@@ -319,7 +314,7 @@ mod tests {
             !rows[4].attributes.contains_key(TRACEPARENT_ATTRIBUTE),
             "the column wins over the row's own attribute"
         );
-        assert_eq!(metrics.trace_context_ignored.get(), 2);
+        assert_eq!(ignored.get(), 2);
     }
 
     #[test]

@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use outbox_shared::ClaimedMessage;
 
-use crate::classify::{Code, FailureKind, PublishFailure, classify_code, code_name};
 use crate::config::FaultSettings;
-use crate::publish::{BatchResult, ProbeError, Publish};
+use crate::pubsub::classify::{Code, FailureKind, PublishFailure, classify_code, code_name};
+use crate::pubsub::publish::{BatchResult, ProbeError, Publish};
 
 /// A targeted fault: fail with `code`, `times` times (None: forever).
 #[derive(Debug, Clone, Copy)]

@@ -52,10 +52,10 @@ fn entry_len(key: &str, value: &str) -> usize {
 }
 
 /// The size of `m` as a `PubsubMessage` (data = 1, attributes = 2, ordering_key = 5), with the
-/// dedupe key as the attribute `dedupe_attribute` and its trace context as
-/// `googclient_traceparent` (and `googclient_tracestate`). The context is vetted first
-/// (`crate::trace::vet`): its `traceparent` has version 00's 55 characters, as the send span's
-/// own does, so the size holds whichever of the two is sent.
+/// dedupe key as the attribute `dedupe_attribute` and its trace context as `googclient_traceparent`
+/// (and `googclient_tracestate`). The context is vetted first (`crate::pubsub::trace::vet`): its
+/// `traceparent` has version 00's 55 characters, as the send span's own does, so the size holds
+/// whichever of the two is sent.
 pub(crate) fn message_len(m: &ClaimedMessage, dedupe_attribute: &str) -> usize {
     let data = if m.payload.is_empty() {
         0

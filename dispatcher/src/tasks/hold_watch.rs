@@ -1,6 +1,6 @@
-//! The held topics' watch (`crate::hold` says what a hold is): each replica reads the held
-//! topics every [`WATCH_EVERY`] into its memory, and takes the probes due, one replica at a time
-//! per topic: a batch of one, the topic's head message (`crate::batch::probe_held`).
+//! The held topics' watch (`crate::refusals::hold` says what a hold is): each replica reads the
+//! held topics every [`WATCH_EVERY`] into its memory, and takes the probes due, one replica at a
+//! time per topic: a batch of one, the topic's head message (`crate::batch::probe_held`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,10 +10,10 @@ use outbox_runtime::shutdown::Shutdown;
 use outbox_shared::store::held_topic::{self, HeldTopic};
 
 use crate::batch;
-use crate::dispatch::Dispatch;
+use crate::batch::dispatch::Dispatch;
+use crate::batch::outcome::BatchOutcome;
 use crate::error::DispatcherError;
-use crate::outcome::BatchOutcome;
-use crate::publish::Publish;
+use crate::pubsub::publish::Publish;
 
 /// How often each replica reads the held topics and looks for a probe due.
 pub(crate) const WATCH_EVERY: Duration = Duration::from_millis(500);

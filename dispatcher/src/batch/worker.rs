@@ -1,6 +1,7 @@
 //! The worker loop: runs the unit of work (`crate::batch::run_batch`) until shutdown, waking on
 //! NOTIFY or the shared poll interval when idle, backing off after a failed batch, waiting while
-//! the schema is behind this release (`crate::schema`) or Pub/Sub is unreachable (`crate::breaker`).
+//! the schema is behind this release (`crate::refusals::schema`) or Pub/Sub is unreachable
+//! (`crate::refusals::breaker`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,14 +10,15 @@ use chrono::Utc;
 use outbox_runtime::shutdown::Shutdown;
 use tokio::sync::Notify;
 
+use crate::batch::dispatch::Dispatch;
+use crate::batch::outcome::BatchOutcome;
 use crate::batch::run_batch;
-use crate::dispatch::Dispatch;
-use crate::outcome::BatchOutcome;
-use crate::publish::Publish;
+use crate::pubsub::publish::Publish;
 
 /// Runs batches until shutdown: back-to-back while there is work, waiting on NOTIFY or the shared
-/// poll interval while idle or after a batch under a quarter full (with LISTEN on). One NOTIFY wakes one idle worker; a worker that claimed a full batch
-/// wakes the next (there is likely more). A batch in flight when shutdown arrives is finished.
+/// poll interval while idle or after a batch under a quarter full (with LISTEN on). One NOTIFY
+/// wakes one idle worker; a worker that claimed a full batch wakes the next (there is likely more).
+/// A batch in flight when shutdown arrives is finished.
 pub(crate) async fn work<P: Publish>(
     d: Arc<Dispatch<P>>,
     worker: usize,

@@ -1,9 +1,9 @@
-//! The batch's first step: its claim. A claim transaction (`ClaimSession`: the planner
-//! settings that keep the plans from collapsing) locks whole ordering keys first, then fills the
-//! batch with unkeyed rows (`outbox_shared::store::claim` says how). Serving, each claim starts
-//! where this replica knows the live rows start (`crate::floors`), takes as many keys as the
-//! backlog's shape calls for (`crate::dispatch::KeyWalk`) and leaves alone the topics held or
-//! slowed down by quota. The rows stay locked until the batch commits.
+//! The batch's first step: its claim. A claim transaction (`ClaimSession`: the planner settings
+//! that keep the plans from collapsing) locks whole ordering keys first, then fills the batch with
+//! unkeyed rows (`outbox_shared::store::claim` says how). Serving, each claim starts where this
+//! replica knows the live rows start (`crate::floors`), takes as many keys as the backlog's shape
+//! calls for (`crate::batch::dispatch::KeyWalk`) and leaves alone the topics held or slowed down by
+//! quota. The rows stay locked until the batch commits.
 
 use std::time::Instant;
 
@@ -15,9 +15,9 @@ use outbox_shared::store::claim::{
 use sqlx::{PgConnection, Postgres, Transaction};
 use tracing::Instrument as _;
 
-use crate::dispatch::{Dispatch, InFlight};
+use crate::batch::dispatch::{Dispatch, InFlight};
 use crate::error::DispatcherError;
-use crate::publish::Publish;
+use crate::pubsub::publish::Publish;
 
 /// Which rows a batch claims.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,7 +26,7 @@ pub(crate) enum Scope<'a> {
     /// down by quota), from where it knows the live rows start.
     Serve,
     /// One row of a held topic, its head (a key's first row, or its oldest unkeyed row): the
-    /// probe of `crate::hold`, from the outbox's start.
+    /// probe of `crate::refusals::hold`, from the outbox's start.
     Probe(&'a str),
 }
 

@@ -1,5 +1,5 @@
 //! [`PubsubPublisher`]: [`Publish`] on the transport of this crate. It cuts a batch into
-//! requests (`crate::parts::plan`: one topic and at most one ordering key per request, at most
+//! requests (`crate::pubsub::plan`: one topic and at most one ordering key per request, at most
 //! 1,000 messages and 10 MB encoded) and sends them on the [`Transport`]. Every request of a
 //! batch is in flight at once, except a key's own requests (a key with more than fits in one):
 //! those go one after the other, and when one fails the rest of the key is not sent (not
@@ -17,14 +17,14 @@ use std::time::{Duration, Instant};
 use opentelemetry_sdk::trace::SdkTracer;
 use outbox_shared::ClaimedMessage;
 
-use crate::classify::{FailureKind, PublishFailure, classify};
 use crate::config::PubsubConfig;
 use crate::error::DispatcherError;
-use crate::parts::{MAX_REQUEST_BYTES, Request, Sequence, gather, plan};
-use crate::publish::{BatchResult, ProbeError, Publish};
-use crate::trace::Sends;
-use crate::transport::{Failed, Route, Transport};
-use crate::wire;
+use crate::pubsub::classify::{FailureKind, PublishFailure, classify};
+use crate::pubsub::plan::{MAX_REQUEST_BYTES, Request, Sequence, gather, plan};
+use crate::pubsub::publish::{BatchResult, ProbeError, Publish};
+use crate::pubsub::trace::Sends;
+use crate::pubsub::transport::{Failed, Route, Transport};
+use crate::pubsub::wire;
 
 /// How long a probe (`GetTopic`) may take at least before the broker counts as unreachable.
 const PROBE_DEADLINE: Duration = Duration::from_secs(2);
@@ -69,7 +69,7 @@ pub struct PubsubPublisher {
     dedupe_attribute: String,
     /// The probes' deadline, from the round trips seen.
     clock: Arc<ProbeClock>,
-    /// Starts the send spans when tracing is on (`crate::trace`).
+    /// Starts the send spans when tracing is on (`crate::pubsub::trace`).
     tracer: Option<SdkTracer>,
 }
 
@@ -86,7 +86,7 @@ impl PubsubPublisher {
         })
     }
 
-    /// Starts a send span per message whose writer sampled its trace (`crate::trace`): with
+    /// Starts a send span per message whose writer sampled its trace (`crate::pubsub::trace`): with
     /// `None` (tracing off), the writer's context is passed on as it is.
     pub fn with_tracer(mut self, tracer: Option<SdkTracer>) -> Self {
         self.tracer = tracer;

@@ -283,7 +283,7 @@ impl Transport {
         })?;
         let path = http::uri::PathAndQuery::from_static(path);
         match grpc
-            .unary(request, path, crate::wire::Codec::<R>::default())
+            .unary(request, path, crate::pubsub::wire::Codec::<R>::default())
             .await
         {
             Ok(answer) => Ok(answer.into_inner()),

@@ -1,13 +1,14 @@
 //! The publishing seam between a batch and Pub/Sub: [`Publish`] (publish a claimed batch and get
-//! one result per message, in order; probe whether the broker answers). `crate::publisher` is
-//! the one on Pub/Sub's transport, `crate::fault` a fault injector in front of it, and tests
-//! bring their own.
+//! one result per message, in order; probe whether the broker answers). `crate::pubsub::publisher`
+//! is the one on Pub/Sub's transport, `crate::pubsub::fault` a fault injector in front of it, and
+//! tests bring their own. [`Attempt`] is what became of each claimed message on its way to it:
+//! the word the batch's steps, its decision and the refusals (storms, quota) learn from.
 
 use std::future::Future;
 
 use outbox_shared::ClaimedMessage;
 
-use crate::classify::PublishFailure;
+use crate::pubsub::classify::PublishFailure;
 
 /// One result per message of a batch, in the batch's order: the Pub/Sub message id or why not.
 pub type BatchResult = Vec<Result<String, PublishFailure>>;
@@ -40,5 +41,28 @@ impl ProbeError {
     /// Whether this means Pub/Sub is unreachable (rather than the request being wrong).
     pub fn is_outage(&self) -> bool {
         matches!(self, Self::Unreachable(_))
+    }
+}
+
+/// What happened to one claimed message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Attempt {
+    /// Refused by the local limit checks (never sent).
+    Rejected(String),
+    /// Not sent: an earlier message of its key was not published.
+    HeldBack,
+    /// Published with this Pub/Sub message id.
+    Published(String),
+    /// The publish failed.
+    Failed(PublishFailure),
+}
+
+/// A message's result from [`Publish::publish`].
+impl From<Result<String, PublishFailure>> for Attempt {
+    fn from(result: Result<String, PublishFailure>) -> Self {
+        match result {
+            Ok(message_id) => Self::Published(message_id),
+            Err(failure) => Self::Failed(failure),
+        }
     }
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::time::Instant;
 
-use crate::publish::Publish;
+use crate::pubsub::publish::Publish;
 use outbox_runtime::shutdown::Shutdown;
 
 #[derive(Debug, Clone)]

@@ -3,7 +3,7 @@
 //! While an IAM grant propagates (PERMISSION_DENIED, for minutes), before a topic exists
 //! (NOT_FOUND: created after its writers), while its CMEK key is disabled (FAILED_PRECONDITION)
 //! or when a proxy does not route it (UNIMPLEMENTED), every request to the topic fails alike
-//! (`crate::classify::CODES` says which codes). Dead-lettering would turn a deployment's
+//! (`crate::pubsub::classify::CODES` says which codes). Dead-lettering would turn a deployment's
 //! condition into an operator's backlog of replays and block every key. So the batch that sees
 //! it releases the topic's rows untouched (no attempt charged, nothing dead-lettered, every key
 //! in order) and holds the topic (`pubsub_outbox_held_topic`, in its settle transaction); every
@@ -20,7 +20,7 @@
 //! operator cancelled them), the hold ends.
 //!
 //! Each replica keeps the held topics in memory ([`Holds`]), read from the table every second
-//! (`crate::hold_watch`, which also takes the probes due)
+//! (`crate::tasks::hold_watch`, which also takes the probes due)
 //! and updated at once by its own batches, so the claims pass them as a parameter instead of
 //! reading another table. A replica that has not seen a new hold yet sends one more doomed
 //! request at most per batch: it costs nothing either.

@@ -22,27 +22,15 @@ use outbox_shared::store::held_topic::Hold;
 use outbox_shared::store::outbox::Retry;
 use outbox_shared::store::settle::Settlement;
 
-use crate::classify::{FailureKind, PublishFailure};
-
-/// What happened to one claimed message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Attempt {
-    /// Refused by the local limit checks (never sent).
-    Rejected(String),
-    /// Not sent: an earlier message of its key was not published.
-    HeldBack,
-    /// Published with this Pub/Sub message id.
-    Published(String),
-    /// The publish failed.
-    Failed(PublishFailure),
-}
+use crate::pubsub::classify::{FailureKind, PublishFailure};
+use crate::pubsub::publish::Attempt;
 
 /// The ordering policy, the retry schedule and the quota backoff a decision applies.
 #[derive(Clone, Copy)]
 pub(crate) struct Policy<'a> {
     pub(crate) schedule: &'a RetrySchedule,
     pub(crate) skip_dead_letter_topics: &'a [String],
-    /// How long a topic's rows refused for quota wait (`crate::pace`), before jitter.
+    /// How long a topic's rows refused for quota wait (`crate::refusals::pace`), before jitter.
     pub(crate) quota_backoff: &'a (dyn Fn(&str) -> Duration + Sync),
 }
 
@@ -62,8 +50,8 @@ impl Policy<'_> {
     }
 }
 
-/// What a batch decided: the rows to write. (Nothing is owed to the publisher after the commit:
-/// it keeps no state per key, see `crate::publisher`; a key stopped at a failure stays stopped
+/// What a batch decided: the rows to write. (Nothing is owed to the publisher after the commit: it
+/// keeps no state per key, see `crate::pubsub::publisher`; a key stopped at a failure stays stopped
 /// through the rows written here.)
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Decision {
@@ -205,7 +193,8 @@ fn settle_failure(
     }
 }
 
-/// A held topic for a refusal whose message is `CODE: what Pub/Sub said` (`crate::classify`).
+/// A held topic for a refusal whose message is `CODE: what Pub/Sub said`
+/// (`crate::pubsub::classify`).
 fn hold(topic: &str, message: &str) -> Hold {
     let (code, said) = message.split_once(": ").unwrap_or(("REFUSED", message));
     Hold {

@@ -1,9 +1,9 @@
-//! The batch's second step: sending it, and deciding what becomes of each row. A straight line:
-//! the local checks (limits, trace context), the first attempt (every sendable row at once,
-//! under the byte budget, watched for a stall), isolation of what Pub/Sub refused
-//! (`crate::parts`), what the storms and the quota learn, whether it was an outage, and the
-//! decision (`crate::decide`, pure). Nothing is written here: the batch's last step settles the
-//! decision in the claim's transaction (`crate::outcome`).
+//! The batch's second step: sending it, and deciding what becomes of each row. A straight line: the
+//! local checks (limits, trace context), the first attempt (every sendable row at once, under the
+//! byte budget, watched for a stall), isolation of what Pub/Sub refused (`crate::batch::isolate`),
+//! what the storms and the quota learn, whether it was an outage, and the decision
+//! (`crate::batch::decide`, pure). Nothing is written here: the batch's last step settles the
+//! decision in the claim's transaction (`crate::batch::outcome`).
 //!
 //! **Stalls.** A publish that has had no answer for `--stall-probe-after` triggers a probe with a
 //! short deadline; if the broker does not answer the probe either, the batch is an outage at once
@@ -17,12 +17,13 @@ use outbox_shared::ClaimedMessage;
 use outbox_shared::limits::check_publishable;
 use tracing::Instrument as _;
 
-use crate::claim::Scope;
-use crate::classify::{FailureKind, PublishFailure};
-use crate::decide::{self, Attempt, Decision, Policy};
-use crate::dispatch::Dispatch;
-use crate::parts::{self, into_attempt};
-use crate::publish::{BatchResult, Publish};
+use crate::batch::claim::Scope;
+use crate::batch::decide::{self, Decision, Policy};
+use crate::batch::dispatch::Dispatch;
+use crate::batch::isolate::Isolation;
+use crate::metrics;
+use crate::pubsub::classify::{FailureKind, PublishFailure};
+use crate::pubsub::publish::{Attempt, BatchResult, Publish};
 
 /// What sending a batch came to.
 pub(crate) struct Sent {
@@ -48,10 +49,10 @@ pub(crate) async fn send<P: Publish>(
         skip_dead_letter_topics: &d.settings.skip_dead_letter_topics,
         quota_backoff: &backoff,
     };
-    crate::trace::vet(
+    crate::pubsub::trace::vet(
         claimed,
         d.publisher.dedupe_attribute(),
-        &d.metrics,
+        &d.metrics.trace_context_ignored,
         &d.trace_log,
     );
     let claimed: &[ClaimedMessage] = claimed;
@@ -65,7 +66,7 @@ pub(crate) async fn send<P: Publish>(
     );
     async {
         let stall = first_attempt(d, claimed, &mut attempts).await;
-        parts::isolate(d, claimed, &mut attempts, policy).await;
+        isolation(d).isolate(claimed, &mut attempts, policy).await;
         learn(d, claimed, &attempts);
         let outage = match stall {
             Some(probe_error) => Some(probe_error),
@@ -91,6 +92,14 @@ pub(crate) async fn send<P: Publish>(
     }
     .instrument(publishing)
     .await
+}
+
+/// Isolation sends with the workers' publisher and counts on their metrics.
+fn isolation<P>(d: &Dispatch<P>) -> Isolation<'_, P> {
+    Isolation {
+        publisher: &d.publisher,
+        metrics: &d.metrics,
+    }
 }
 
 /// What the storms and the quota learn from the batch's final attempts.
@@ -132,7 +141,7 @@ fn check<P: Publish>(
     let rejected: HashSet<usize> = (0..claimed.len())
         .filter(|i| reasons[*i].is_some())
         .collect();
-    d.metrics.fail("limit", rejected.len() as u64);
+    d.metrics.fail(metrics::LIMIT, rejected.len() as u64);
     decide::hold_back(claimed, &rejected, policy)
         .into_iter()
         .enumerate()
@@ -191,7 +200,7 @@ async fn first_attempt<P: Publish>(
                 {
                     d.metrics.fail(failure.kind.as_str(), 1);
                 }
-                attempts[*i] = into_attempt(result);
+                attempts[*i] = Attempt::from(result);
             }
             None
         }
@@ -206,7 +215,8 @@ async fn watch_for_stall<P: Publish>(
     d: &Dispatch<P>,
     batch: &[ClaimedMessage],
 ) -> Result<BatchResult, String> {
-    let publishing = parts::send_cut(d, batch);
+    let (isolation, in_storm) = (isolation(d), d.storms.in_storm(batch));
+    let publishing = isolation.send_cut(batch, &in_storm);
     tokio::pin!(publishing);
     tokio::select! {
         results = &mut publishing => return Ok(results),

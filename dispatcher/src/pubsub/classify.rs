@@ -5,7 +5,7 @@
 
 pub use tonic::Code;
 
-use crate::transport::Failed;
+use crate::pubsub::transport::Failed;
 
 /// What a failed publish means for the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -16,11 +16,11 @@ pub enum FailureKind {
     Permanent,
     /// The topic, not the message, is refused (no permission yet, not created yet, its key
     /// disabled, a proxy that does not route it): every request to it would fail alike. The
-    /// topic is held (`crate::hold`): its rows go back untouched, nothing is charged or
+    /// topic is held (`crate::refusals::hold`): its rows go back untouched, nothing is charged or
     /// dead-lettered, and a probe releases it once Pub/Sub accepts it.
     TopicRefused,
-    /// Quota or flow control (RESOURCE_EXHAUSTED): the topic slows down (`crate::pace`) and the
-    /// rows wait a little without an attempt charged.
+    /// Quota or flow control (RESOURCE_EXHAUSTED): the topic slows down (`crate::refusals::pace`)
+    /// and the rows wait a little without an attempt charged.
     Throttled,
     /// Never sent (an earlier request of its ordering key failed in the same batch): release the
     /// row untouched, no attempt is charged.
@@ -28,6 +28,16 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
+    /// Every kind: the metrics register each one's series at zero from this list (a test names
+    /// every kind exhaustively and checks its series).
+    pub const ALL: [Self; 5] = [
+        Self::Transient,
+        Self::Permanent,
+        Self::TopicRefused,
+        Self::Throttled,
+        Self::NotAttempted,
+    ];
+
     /// Label used in metrics and logs.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -9,7 +9,7 @@ use outbox_shared::retry::RetrySchedule;
 use outbox_shared::store::dead_letter::ErrorKind;
 
 use super::*;
-use crate::classify::PublishFailure;
+use crate::pubsub::classify::PublishFailure;
 
 const T: &str = "projects/p/topics/t";
 const SKIP: &str = "projects/p/topics/skip";
