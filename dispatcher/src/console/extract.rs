@@ -39,7 +39,14 @@ impl Console {
             return Err(Box::new(html::problem(
                 StatusCode::FORBIDDEN,
                 who,
-                "this console only reads: start it with --actions to pause, resume, replay, discard, cancel or retry",
+                &format!(
+                    "this console only reads: start it with --actions to pause, resume, {}",
+                    crate::ops::change::VERBS
+                        .iter()
+                        .map(|v| v.action.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
             )));
         }
         let mut fields = fields::Fields::new();

@@ -4,16 +4,10 @@
 use super::fields::Fields;
 use super::html::esc;
 
-/// The dead-letter filter fields a list takes, with their CLI flags.
-pub(super) const DEAD_LETTER_FILTERS: &[(&str, &str)] = &[
-    ("topic", "--topic"),
-    ("kind", "--kind"),
-    ("ordering_key", "--ordering-key"),
-    ("dedupe_prefix", "--dedupe-prefix"),
-    ("failed_after", "--failed-after"),
-    ("failed_before", "--failed-before"),
-    ("error_contains", "--error-contains"),
-];
+/// The dead-letter filter fields a list takes, with their CLI flags (the commands' own).
+pub(super) use crate::ops::change::rows::DEAD_LETTER_FIELDS as DEAD_LETTER_FILTERS;
+/// The filter fields `/pending` takes, with their CLI flags (the commands' own).
+pub(super) use crate::ops::change::rows::OUTBOX_FIELDS as PENDING_FILTERS;
 
 /// The CLI flags of the filter fields of `filters` set in `q`.
 pub(super) fn filter_flags(q: &Fields, filters: &[(&str, &str)]) -> Vec<String> {
@@ -26,16 +20,6 @@ pub(super) fn filter_flags(q: &Fields, filters: &[(&str, &str)]) -> Vec<String> 
     }
     flags
 }
-
-/// The filter fields `/pending` takes, with their CLI flags.
-pub(super) const PENDING_FILTERS: &[(&str, &str)] = &[
-    ("topic", "--topic"),
-    ("ordering_key", "--ordering-key"),
-    ("dedupe_prefix", "--dedupe-prefix"),
-    ("created_after", "--created-after"),
-    ("created_before", "--created-before"),
-    ("error_contains", "--error-contains"),
-];
 
 /// A list's filter form (a text field per filter of `filters`, filled from `q`, and `extra`),
 /// that GETs `path`.

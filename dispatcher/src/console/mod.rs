@@ -21,21 +21,26 @@
 //! ([`Console`]) and the `status` it reads in the background for the overview; `extract.rs`
 //! who asks ([`Who`]) and a change's checked form ([`Change`]); `router.rs` the routes and the
 //! local mode's `Host` check; `server.rs` the process (connect, bind, serve until a signal);
-//! `error.rs` why it cannot run; `pages.rs`, `pending.rs` and `blocked.rs` the pages and the
-//! actions; `auth.rs`, `csrf.rs` and `html.rs` the security above; `fields.rs` what a page
+//! `error.rs` why it cannot run; `commands.rs` how a page runs an operator command; the pages:
+//! `overview.rs`, `pending.rs`, `dead_letters.rs`, `blocked.rs`, `audit.rs`; `change.rs` every
+//! change (preview by the command's dry run, confirm, apply), its actions a type ([`change::Act`]); `auth.rs`, `csrf.rs` and `html.rs` the security above; `fields.rs` what a page
 //! reads; `filters.rs` the lists' filters (fields, flags, form); `samples.rs` and `svg.rs` the
 //! last hour and its plots.
 
 mod args;
+mod audit;
 mod auth;
 mod blocked;
+mod change;
+mod commands;
 mod csrf;
+mod dead_letters;
 mod error;
 mod extract;
 mod fields;
 mod filters;
 mod html;
-mod pages;
+mod overview;
 mod pending;
 mod router;
 mod samples;

@@ -1,7 +1,7 @@
 //! Messages not yet sent in the console: `/pending` lists them (`dispatcher pending list`), a
 //! filter and a page at a time, and, with actions, cancels them or makes the waiting ones due now
 //! (`pending cancel` / `pending retry-now`), previewed by the command's dry run and confirmed like
-//! every change (`pages::preview`, `pages::apply`).
+//! every change (`change::preview`, `change::apply`).
 
 use std::sync::Arc;
 
@@ -65,13 +65,7 @@ pub async fn page_of(
         ));
     }
     if c.actions {
-        body.push_str(&c.act_form(
-            &who,
-            &q,
-            PENDING_FILTERS,
-            "messages",
-            &[("retry-now", "Retry now…"), ("cancel", "Cancel…")],
-        ));
+        body.push_str(&c.act_form(&who, &q, "pending"));
     }
     page("Pending messages", &who, Section::Pending, None, &body)
 }
@@ -97,7 +91,7 @@ impl Console {
                     esc(&text(r, "dedupe_key")),
                     esc(&text(r, "created_at")),
                     text(r, "attempts"),
-                    esc(&text(r, "next_attempt_at")),
+                    esc(&text(r, "due_at")),
                     esc(&text(r, "last_error").chars().take(120).collect::<String>()),
                 ]);
                 row
@@ -111,77 +105,9 @@ impl Console {
             "Dedupe key",
             "Enqueued",
             "Attempts",
-            "Next attempt",
+            "Due (after its key's head, if later)",
             "Last error",
         ]);
         table("pending", &head, &body)
-    }
-
-    /// A cancel's or a retry-now's dry run: what it would change (exactly the ids), what it
-    /// leaves, and what each key it touches then does, as HTML; `None` when nothing matches.
-    pub(super) async fn dry_run_pending(
-        &self,
-        action: &str,
-        args: &[String],
-    ) -> Result<Option<(String, Vec<String>)>, String> {
-        let report = self.dry_json(args).await?;
-        let ids_of = |field: &str| -> Vec<String> {
-            report
-                .get(field)
-                .and_then(Value::as_array)
-                .map(|a| a.iter().map(|v| v.to_string()).collect())
-                .unwrap_or_default()
-        };
-        let (ids, in_flight) = (ids_of("ids"), ids_of("in_flight"));
-        if ids.is_empty() && in_flight.is_empty() {
-            return Ok(None);
-        }
-        let what = if action == "cancel" {
-            "to the dead-letter table as cancelled (replayable; they block nothing)"
-        } else {
-            "due now, their attempts unchanged"
-        };
-        let mut body = format!(
-            "<p>{action} <strong id=\"count\">{}</strong> message(s), {what}: \
-             <span id=\"ids\">{}</span></p>",
-            ids.len(),
-            esc(&ids.join(" "))
-        );
-        if !in_flight.is_empty() {
-            body.push_str(&format!(
-                "<p class=\"warn\">{} are being published right now and would be left alone: {}</p>",
-                in_flight.len(),
-                esc(&in_flight.join(" "))
-            ));
-        }
-        let keys: Vec<String> = report
-            .get("keys")
-            .and_then(Value::as_array)
-            .map(|keys| {
-                keys.iter()
-                    .map(|k| {
-                        let blocked = k.get("blocked").and_then(Value::as_bool).unwrap_or(false);
-                        format!(
-                            "<li><code>{}</code> of {}: {} message(s) wait{}</li>",
-                            esc(&text(k, "ordering_key")),
-                            esc(&text(k, "topic")),
-                            text(k, "waiting"),
-                            if blocked {
-                                ", still blocked by a dead letter of its own"
-                            } else {
-                                " and go on at once"
-                            }
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        if !keys.is_empty() {
-            body.push_str(&format!(
-                "<p>The ordering keys it touches, as it leaves them:</p><ul id=\"keys\">{}</ul>",
-                keys.join("")
-            ));
-        }
-        Ok(Some((body, ids)))
     }
 }

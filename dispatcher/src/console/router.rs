@@ -12,18 +12,18 @@ use axum::response::Response;
 use axum::routing::{get, post};
 
 use super::state::Console;
-use super::{auth, blocked, html, pages, pending};
+use super::{audit, auth, blocked, change, dead_letters, html, overview, pending};
 
 /// The console's routes on `console`.
 pub fn router(console: Arc<Console>) -> Router {
     Router::new()
-        .route("/", get(pages::overview))
+        .route("/", get(overview::overview))
         .route("/pending", get(pending::page_of))
-        .route("/dead-letters", get(pages::dead_letters))
-        .route("/dead-letters/{id}", get(pages::dead_letter))
-        .route("/audit", get(pages::audit))
-        .route("/actions/preview", post(pages::preview))
-        .route("/actions/apply", post(pages::apply))
+        .route("/dead-letters", get(dead_letters::dead_letters))
+        .route("/dead-letters/{id}", get(dead_letters::dead_letter))
+        .route("/audit", get(audit::audit))
+        .route("/actions/preview", post(change::preview))
+        .route("/actions/apply", post(change::apply))
         .route("/console.css", get(stylesheet))
         .route("/blocked-keys", get(blocked::keys_page))
         .route("/healthz", get(healthz))

@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use outbox_runtime::operator::{Command, Common, Exit, OpsError, Output, parse_instant};
 use outbox_runtime::table::{Table, instant};
-use outbox_shared::store::audit::{self, ACTIONS};
+use outbox_shared::store::audit::{self, Action};
 use sqlx::PgPool;
 
 /// `audit` options.
@@ -12,7 +12,7 @@ pub struct AuditArgs {
     #[command(flatten)]
     pub common: Common,
     /// Only this action.
-    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(ACTIONS))]
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(Action::names()))]
     pub action: Option<String>,
     /// Only this actor.
     #[arg(long)]
@@ -28,7 +28,7 @@ pub struct AuditArgs {
 /// A checked `audit`.
 #[derive(Debug, Clone)]
 pub struct Query {
-    action: Option<String>,
+    action: Option<Action>,
     actor: Option<String>,
     since: Option<DateTime<Utc>>,
     limit: i64,
@@ -39,7 +39,7 @@ impl Command for AuditArgs {
 
     fn check(&self, now: DateTime<Utc>) -> Result<Query, OpsError> {
         Ok(Query {
-            action: self.action.clone(),
+            action: self.action.as_deref().and_then(Action::parse),
             actor: self.actor.clone(),
             since: self
                 .since
@@ -53,14 +53,8 @@ impl Command for AuditArgs {
     async fn run(q: Query, pool: &PgPool) -> Result<Output, OpsError> {
         // Read-only, inside a transaction (as behind a transaction-mode pooler it must be).
         let mut conn = pool.begin().await?;
-        let entries = audit::list(
-            &mut conn,
-            q.action.as_deref(),
-            q.actor.as_deref(),
-            q.since,
-            q.limit,
-        )
-        .await?;
+        let entries =
+            audit::list(&mut conn, q.action, q.actor.as_deref(), q.since, q.limit).await?;
         let mut t = Table::new(&[
             "ID", "AT", "ACTOR", "DB USER", "ACTION", "ROWS", "SELECTOR", "REASON",
         ]);
@@ -72,7 +66,7 @@ impl Command for AuditArgs {
                 e.db_user.clone().unwrap_or_else(|| "-".to_owned()),
                 e.action.clone(),
                 e.row_count.to_string(),
-                e.selector.0.to_string(),
+                short(&e.selector.0.to_string()),
                 e.reason.clone(),
             ]);
         }
@@ -82,5 +76,15 @@ impl Command for AuditArgs {
             (t.render(), Exit::Ok)
         };
         Output::new(text, &entries, exit)
+    }
+}
+
+/// A selector as the table shows it: whole up to 120 characters (every selector written since
+/// 0.2.0 is), cut after that (an older replay's map of ids; `--json` has it all).
+fn short(selector: &str) -> String {
+    const MAX: usize = 120;
+    match selector.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}… (--json has it all)", &selector[..cut]),
+        None => selector.to_owned(),
     }
 }

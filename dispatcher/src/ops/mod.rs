@@ -10,6 +10,7 @@
 
 mod audit;
 mod blocked;
+pub mod change;
 mod dead_letters;
 mod pause;
 mod pending;
@@ -18,6 +19,8 @@ pub(crate) mod status;
 
 use clap::Subcommand;
 use outbox_runtime::operator::{Common, Exit, OpsError, Output, execute, near, output_on};
+
+use crate::ops::status::StatusArgs;
 use outbox_runtime::telemetry::TelemetryArgs;
 use outbox_shared::store::{notify, topic};
 use sqlx::PgConnection;
@@ -90,46 +93,130 @@ impl OpsCommand {
     }
 
     fn common(&self) -> &Common {
+        self.op().common()
+    }
+
+    /// The command chosen.
+    fn op(&self) -> &dyn Op {
         match self {
-            Self::Status(a) => &a.common,
-            Self::DeadLetters(c) => c.common(),
-            Self::Pending(c) => c.common(),
-            Self::Pause(a) => &a.common,
-            Self::Resume(a) => &a.common,
-            Self::Audit(a) => &a.common,
-            Self::Replicas(c) => c.common(),
+            Self::Status(a) => a,
+            Self::DeadLetters(c) => c.op(),
+            Self::Pending(c) => c.op(),
+            Self::Pause(a) => a,
+            Self::Resume(a) => a,
+            Self::Audit(a) => a,
+            Self::Replicas(c) => c.op(),
         }
     }
 
     /// Checks and runs the command on `pool` and returns its output without printing it (the
     /// console runs the commands this way: the same checks, statements and audit rows).
     pub async fn output(&self, pool: &PgPool) -> Result<Output, OpsError> {
-        match self {
-            Self::Status(a) => output_on(a, pool).await,
-            Self::DeadLetters(c) => c.output(pool).await,
-            Self::Pending(c) => c.output(pool).await,
-            Self::Pause(a) => output_on(a, pool).await,
-            Self::Resume(a) => output_on(a, pool).await,
-            Self::Audit(a) => output_on(a, pool).await,
-            Self::Replicas(c) => c.output(pool).await,
-        }
+        self.op().output(pool).await
     }
 
     /// Runs the command: checks its options, connects, prints the result (or the error, each
     /// cause once) and says how it ended.
     pub async fn run(&self) -> Exit {
-        let common = self.common();
-        match self {
-            Self::Status(a) => execute(a, common, APPLICATION).await,
-            Self::DeadLetters(c) => c.execute(common, APPLICATION).await,
-            Self::Pending(c) => c.execute(common, APPLICATION).await,
-            Self::Pause(a) => execute(a, common, APPLICATION).await,
-            Self::Resume(a) => execute(a, common, APPLICATION).await,
-            Self::Audit(a) => execute(a, common, APPLICATION).await,
-            Self::Replicas(c) => c.execute(common, APPLICATION).await,
-        }
+        self.op().execute(APPLICATION).await
     }
 }
+
+/// An operator command as its group runs it, whatever it is: its common flags, its output on a
+/// pool (the console), and its run (the CLI). Every command's options type is one: a plain
+/// [`Command`] through [`plain!`], a change of the engine through [`change::Verb`].
+pub(crate) trait Op: Send + Sync {
+    /// The flags every command takes.
+    fn common(&self) -> &Common;
+    /// Checks and runs it on `pool`; returns its output without printing it.
+    fn output<'a>(&'a self, pool: &'a PgPool) -> BoxFuture<'a, Result<Output, OpsError>>;
+    /// Checks, connects, runs and prints it; says how it ended.
+    fn execute<'a>(&'a self, application: &'a str) -> BoxFuture<'a, Exit>;
+}
+
+/// A boxed future of a command (the [`Op`]s of one group differ in type).
+pub(crate) type BoxFuture<'a, T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+impl<V: change::Verb> Op for V {
+    fn common(&self) -> &Common {
+        V::common(self)
+    }
+
+    fn output<'a>(&'a self, pool: &'a PgPool) -> BoxFuture<'a, Result<Output, OpsError>> {
+        Box::pin(async move { output_on(&change::Change(self.clone()), pool).await })
+    }
+
+    fn execute<'a>(&'a self, application: &'a str) -> BoxFuture<'a, Exit> {
+        Box::pin(async move {
+            execute(&change::Change(self.clone()), V::common(self), application).await
+        })
+    }
+}
+
+/// [`Op`] for plain commands (options with a `common` field that implement [`Command`]).
+macro_rules! plain {
+    ($($args:ty),* $(,)?) => {$(
+        impl $crate::ops::Op for $args {
+            fn common(&self) -> &outbox_runtime::operator::Common {
+                &self.common
+            }
+
+            fn output<'a>(
+                &'a self,
+                pool: &'a sqlx::PgPool,
+            ) -> $crate::ops::BoxFuture<
+                'a,
+                Result<outbox_runtime::operator::Output, outbox_runtime::operator::OpsError>,
+            > {
+                Box::pin(outbox_runtime::operator::output_on(self, pool))
+            }
+
+            fn execute<'a>(
+                &'a self,
+                application: &'a str,
+            ) -> $crate::ops::BoxFuture<'a, outbox_runtime::operator::Exit> {
+                Box::pin(outbox_runtime::operator::execute(self, &self.common, application))
+            }
+        }
+    )*};
+}
+pub(crate) use plain;
+
+/// A group of subcommands (`pending`, `dead-letters`, `replicas`): the enum clap parses, each
+/// variant one command's options, and [`Op`] by each variant's own: a command joins its group
+/// with its variant line alone.
+macro_rules! group {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident {
+            $( $(#[$vmeta:meta])* $variant:ident($args:ty), )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, clap::Subcommand)]
+        pub enum $name {
+            $( $(#[$vmeta])* $variant($args), )*
+        }
+
+        impl $name {
+            /// The command chosen.
+            pub(crate) fn op(&self) -> &dyn $crate::ops::Op {
+                match self {
+                    $( Self::$variant(a) => a, )*
+                }
+            }
+        }
+    };
+}
+pub(crate) use group;
+
+plain!(
+    StatusArgs,
+    pause::PauseArgs,
+    pause::ResumeArgs,
+    audit::AuditArgs
+);
 
 /// A topic as the commands take it: a full name, or a short one with `--pubsub-project`.
 #[derive(Debug, Clone, clap::Args)]
@@ -205,40 +292,6 @@ pub fn did_you_mean(given: &str, known: &[String]) -> String {
             "{} topics are known; dispatcher status lists them",
             known.len()
         ),
-    }
-}
-
-/// Refuses a change by ids when one of `given` is not among `found` (what the selection's table
-/// holds): the whole command, with exit 2, before anything changes; `what` names what an id
-/// should have been ("dead letter"), `hint` why one may be missing and how to list them.
-pub fn refuse_unknown_ids(
-    given: &[i64],
-    found: &[i64],
-    what: &str,
-    hint: &str,
-) -> Result<(), OpsError> {
-    let unknown: Vec<i64> = given
-        .iter()
-        .copied()
-        .filter(|id| !found.contains(id))
-        .collect();
-    if unknown.is_empty() {
-        return Ok(());
-    }
-    Err(OpsError::Usage(format!(
-        "no {what} with id(s) {unknown:?} ({hint}); nothing was changed"
-    )))
-}
-
-/// Adds each of `keys` to `into` once (a change's batches may touch one key twice).
-pub fn merge_keys(
-    into: &mut Vec<outbox_shared::store::pending::KeyAfter>,
-    keys: Vec<outbox_shared::store::pending::KeyAfter>,
-) {
-    for key in keys {
-        if !into.contains(&key) {
-            into.push(key);
-        }
     }
 }
 

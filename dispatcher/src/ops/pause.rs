@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use outbox_runtime::operator::{
     Actor, Command, Common, Confirm, Exit, OpsError, Output, Why, finish,
 };
-use outbox_shared::store::audit::{self, Action};
+use outbox_shared::store::audit::{self, Action, Record};
 use outbox_shared::store::{notify, pause};
 use serde::Serialize;
 use sqlx::PgPool;
@@ -104,7 +104,7 @@ impl Change {
 /// `pause` / `resume --json`.
 #[derive(Debug, Clone, Serialize)]
 struct Report {
-    action: &'static str,
+    action: Action,
     topic: String,
     changed: bool,
     audit_id: Option<i64>,
@@ -137,7 +137,7 @@ impl Command for PauseArgs {
         };
         let topic = known_topic(&mut tx, &c.project, &c.given, unknown).await?;
         let changed = pause::pause(&mut tx, &topic, c.who.actor.as_deref(), &c.who.reason).await?;
-        let audit_id = record(&mut tx, changed, "pause", &topic, &c).await?;
+        let audit_id = record(&mut tx, changed, Action::Pause, &topic, &c).await?;
         finish(tx, c.dry_run).await?;
         let text = match (changed, audit_id) {
             (true, Some(id)) => format!(
@@ -147,7 +147,7 @@ impl Command for PauseArgs {
             (true, None) => format!("{topic}: {}.\n", c.says("paused")),
             (false, _) => format!("{topic}: already paused; nothing changed.\n"),
         };
-        report(text, "pause", topic, changed, audit_id, c.dry_run)
+        report(text, Action::Pause, topic, changed, audit_id, c.dry_run)
     }
 }
 
@@ -172,7 +172,7 @@ impl Command for ResumeArgs {
         let mut tx = pool.begin().await?;
         let topic = known_topic(&mut tx, &c.project, &c.given, Unknown::Allow).await?;
         let changed = pause::resume(&mut tx, &topic).await?;
-        let audit_id = record(&mut tx, changed, "resume", &topic, &c).await?;
+        let audit_id = record(&mut tx, changed, Action::Resume, &topic, &c).await?;
         if let (true, Some(channel)) = (changed, &c.notify_channel) {
             notify::notify(&mut tx, channel).await?;
         }
@@ -185,7 +185,7 @@ impl Command for ResumeArgs {
         match (changed, audit_id) {
             (true, Some(id)) => report(
                 format!("{topic}: resumed (audit entry {id}); the dispatchers were woken.\n"),
-                "resume",
+                Action::Resume,
                 topic,
                 true,
                 audit_id,
@@ -193,7 +193,7 @@ impl Command for ResumeArgs {
             ),
             (true, None) => report(
                 format!("{topic}: {}.\n", c.says("resumed")),
-                "resume",
+                Action::Resume,
                 topic,
                 true,
                 None,
@@ -207,7 +207,7 @@ impl Command for ResumeArgs {
                 };
                 report(
                     format!("{topic}: not paused ({hint}); nothing changed.\n"),
-                    "resume",
+                    Action::Resume,
                     topic,
                     false,
                     None,
@@ -222,7 +222,7 @@ impl Command for ResumeArgs {
 async fn record(
     tx: &mut sqlx::PgConnection,
     changed: bool,
-    action: &'static str,
+    action: Action,
     topic: &str,
     c: &Change,
 ) -> Result<Option<i64>, OpsError> {
@@ -230,11 +230,12 @@ async fn record(
         return Ok(None);
     }
     let who: &Actor = &c.who;
-    let entry = Action {
+    let entry = Record {
         actor: who.actor.as_deref(),
         action,
         selector: serde_json::json!({ "topic": topic }),
         row_ids: &[],
+        outbox_ids: None,
         reason: &who.reason,
     };
     Ok(Some(audit::record(tx, &entry).await?))
@@ -242,7 +243,7 @@ async fn record(
 
 fn report(
     text: String,
-    action: &'static str,
+    action: Action,
     topic: String,
     changed: bool,
     audit_id: Option<i64>,

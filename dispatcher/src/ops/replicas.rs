@@ -6,46 +6,29 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox_runtime::operator::{
-    Actor, Command, Common, Confirm, Exit, OpsError, Output, Why, execute, finish, output_on,
-    parse_age,
+    Actor, Command, Common, Confirm, Exit, OpsError, Output, Why, finish, parse_age,
 };
-use outbox_shared::store::audit::{self, Action};
+use outbox_shared::store::audit::{self, Action, Record};
 use outbox_shared::store::replica;
 use serde::Serialize;
 use sqlx::PgPool;
 
 use super::status::STALE_AFTER;
+use super::{group, plain};
 
-/// The replica commands.
-#[derive(Debug, Clone, clap::Subcommand)]
-pub enum ReplicasCommand {
-    /// Delete the rows of replicas without a heartbeat for --gone-for (the ids given, or every
-    /// such replica with --yes). A live replica is never pruned. Audited.
-    #[command(after_help = "Examples:\n  dispatcher replicas prune --dry-run\n  \
-                      dispatcher replicas prune --reason \"pods killed in the node drain\" --yes\n  \
-                      dispatcher replicas prune dispatcher-7d9f-1-1764650000000 --reason \"OOM-killed\"")]
-    Prune(PruneArgs),
-}
-
-impl ReplicasCommand {
-    pub(super) fn common(&self) -> &Common {
-        match self {
-            Self::Prune(a) => &a.common,
-        }
-    }
-
-    pub(super) async fn output(&self, pool: &PgPool) -> Result<Output, OpsError> {
-        match self {
-            Self::Prune(a) => output_on(a, pool).await,
-        }
-    }
-
-    pub(super) async fn execute(&self, common: &Common, application: &str) -> Exit {
-        match self {
-            Self::Prune(a) => execute(a, common, application).await,
-        }
+group! {
+    /// The replica commands.
+    pub enum ReplicasCommand {
+        /// Delete the rows of replicas without a heartbeat for --gone-for (the ids given, or
+        /// every such replica with --yes). A live replica is never pruned. Audited.
+        #[command(after_help = "Examples:\n  dispatcher replicas prune --dry-run\n  \
+                          dispatcher replicas prune --reason \"pods killed in the node drain\" --yes\n  \
+                          dispatcher replicas prune dispatcher-7d9f-1-1764650000000 --reason \"OOM-killed\"")]
+        Prune(PruneArgs),
     }
 }
+
+plain!(PruneArgs);
 
 /// `replicas prune` options.
 #[derive(Debug, Clone, clap::Args)]
@@ -120,14 +103,15 @@ impl Command for PruneArgs {
         let audit_id = if pruned.is_empty() || p.dry_run {
             None
         } else {
-            let entry = Action {
+            let entry = Record {
                 actor: p.who.actor.as_deref(),
-                action: "prune",
+                action: Action::Prune,
                 selector: serde_json::json!({
                     "replica_ids": pruned,
                     "gone_for_seconds": p.gone_for.as_secs(),
                 }),
                 row_ids: &[],
+                outbox_ids: None,
                 reason: &p.who.reason,
             };
             Some(audit::record(&mut tx, &entry).await?)

@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use outbox_runtime::operator::{
     Actor, Command, Common, Confirm, Exit, OpsError, Output, Why, finish, required,
 };
-use outbox_shared::store::audit::{self, Action};
+use outbox_shared::store::audit::{self, Action, Record};
 use outbox_shared::store::lookback;
 use outbox_shared::store::watermark::{self, Cursor};
 use serde::Serialize;
@@ -205,11 +205,12 @@ async fn rewind_locked(conn: &mut PgConnection, request: &Request) -> Result<Rew
     let audit_id = if request.dry_run {
         None
     } else {
-        let entry = Action {
+        let entry = Record {
             actor: request.who.actor.as_deref(),
-            action: "rewind",
+            action: Action::Rewind,
             selector,
             row_ids: &[],
+            outbox_ids: None,
             reason: &request.who.reason,
         };
         Some(audit::record(&mut tx, &entry).await?)

@@ -341,11 +341,11 @@ pub async fn of_outbox_row(conn: &mut PgConnection, outbox_id: i64) -> Result<Op
 /// Puts dead letters back into the outbox (attempts reset, due now) and removes them here.
 /// A message keeps its original outbox id, so it goes out **ahead of** the later messages of its
 /// ordering key that waited behind it; the claim epoch advances with it, so dispatchers stop
-/// using a keyed floor that may be above it. Returns the ids replayed; a dead letter whose dedupe
+/// using a keyed floor that may be above it. Returns (dead letter id, outbox id) of each entry replayed; a dead letter whose dedupe
 /// key is back in the outbox already is left in place.
 #[tracing::instrument(skip_all, fields(db.system = "postgresql"), err(level = "debug"))]
-pub async fn replay(conn: &mut PgConnection, ids: &[i64]) -> Result<Vec<i64>> {
-    sqlx::query_scalar(
+pub async fn replay(conn: &mut PgConnection, ids: &[i64]) -> Result<Vec<(i64, i64)>> {
+    sqlx::query_as(
         "WITH moved AS (
              DELETE FROM pubsub_outbox_dead_letter d
              WHERE d.id = ANY($1)
@@ -360,13 +360,14 @@ pub async fn replay(conn: &mut PgConnection, ids: &[i64]) -> Result<Vec<i64>> {
                     topic, ordering_key, dedupe_key, payload, attributes, created_at, traceparent,
                     tracestate
              FROM moved ORDER BY id
+             RETURNING id, dedupe_key
          ), epoch AS (
              -- A keyed row back below its key's head: dispatchers forget the heads they know
              -- (store::claim, \"Claims start past what is published\"), seeing it with the row.
              UPDATE pubsub_outbox_claim_epoch SET epoch = epoch + 1
              WHERE EXISTS (SELECT 1 FROM moved WHERE ordering_key IS NOT NULL)
          )
-         SELECT id FROM moved ORDER BY id",
+         SELECT m.id, i.id FROM moved m JOIN inserted i USING (dedupe_key) ORDER BY m.id",
     )
     .persistent(crate::store::named_statements())
     .bind(ids)

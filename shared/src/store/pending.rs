@@ -74,6 +74,9 @@ pub struct Pending {
     pub attempts: i32,
     /// When it is due.
     pub next_attempt_at: DateTime<Utc>,
+    /// When it can go: its own next attempt, or later when an earlier message of its key waits
+    /// for a retry (a key goes in order: it goes after that one).
+    pub due_at: DateTime<Utc>,
     /// Why the last attempt failed.
     pub last_error: Option<String>,
 }
@@ -89,8 +92,14 @@ pub async fn select(
 ) -> Result<Vec<Pending>> {
     sqlx::query_as(
         "SELECT id, topic, ordering_key, dedupe_key, length(payload) AS payload_bytes, created_at,
-                attempts, next_attempt_at, last_error
-         FROM pubsub_outbox
+                attempts, next_attempt_at, last_error,
+                CASE WHEN ordering_key IS NULL THEN next_attempt_at
+                     ELSE GREATEST(next_attempt_at,
+                                   (SELECT max(h.next_attempt_at) FROM pubsub_outbox h
+                                    WHERE h.topic = o.topic AND h.ordering_key = o.ordering_key
+                                      AND h.published_at IS NULL AND h.id < o.id))
+                END AS due_at
+         FROM pubsub_outbox o
          WHERE published_at IS NULL
            AND ($1::bigint[] IS NULL OR id = ANY($1))
            AND ($2::text IS NULL OR topic = $2)
@@ -131,6 +140,8 @@ pub struct Changed {
     pub dead_letter_exists: Vec<i64>,
     /// Published or gone since they were selected, or (retry now) due already.
     pub unchanged: Vec<i64>,
+    /// Cancel: (outbox id, the dead letter's id) of each message cancelled.
+    pub dead_letters: Vec<(i64, i64)>,
 }
 
 impl Changed {
@@ -163,7 +174,7 @@ pub async fn cancel(
     // `picked` skips the rows a claim holds (a dispatcher publishing them now) and returns each
     // row it locked with whether a dead letter already holds its dedupe key (moving it would
     // overwrite that entry).
-    let rows: Vec<(i64, String)> = sqlx::query_as(
+    let rows: Vec<(i64, String, Option<i64>)> = sqlx::query_as(
         "WITH picked AS MATERIALIZED (
              SELECT o.id, EXISTS (SELECT 1 FROM pubsub_outbox_dead_letter d
                                   WHERE d.dedupe_key = o.dedupe_key) AS collides
@@ -182,10 +193,10 @@ pub async fn cancel(
              SELECT id, topic, ordering_key, dedupe_key, payload, attributes, created_at, $2,
                     attempts, 'cancelled', $3, 'operator', traceparent, tracestate
              FROM moved
-             RETURNING outbox_id
+             RETURNING outbox_id, id
          )
-         SELECT outbox_id, 'cancelled' FROM inserted
-         UNION ALL SELECT id, 'collides' FROM picked WHERE collides",
+         SELECT outbox_id, 'cancelled', id FROM inserted
+         UNION ALL SELECT id, 'collides', NULL::bigint FROM picked WHERE collides",
     )
     .persistent(crate::store::named_statements())
     .bind(ids)
@@ -199,13 +210,17 @@ pub async fn cancel(
         in_flight,
         ..Changed::default()
     };
-    for (id, what) in rows {
-        match what.as_str() {
-            "cancelled" => c.ids.push(id),
+    for (id, what, dead_letter) in rows {
+        match (what.as_str(), dead_letter) {
+            ("cancelled", Some(dead_letter)) => {
+                c.ids.push(id);
+                c.dead_letters.push((id, dead_letter));
+            }
             _ => c.dead_letter_exists.push(id),
         }
     }
     c.ids.sort_unstable();
+    c.dead_letters.sort_unstable();
     Ok(c.sort(ids))
 }
 

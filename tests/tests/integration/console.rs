@@ -5,12 +5,13 @@
 //! offers and accepts no change; what the database holds cannot become markup; a local console
 //! answers to loopback host names only (DNS rebinding); a pause of a topic the database has not
 //! seen is refused at its preview and goes through as a new topic; thousands of blocked keys are
-//! summed up per topic and paged; a placeholder IAP audience stops the console at start.
+//! summed up per topic and paged; a placeholder IAP audience stops the console at start; a cancel
+//! of a whole filter of 901 messages previews, confirms and cancels all 901 (issue #51).
 
 use std::time::Duration;
 
 use harness::db::TestDb;
-use harness::fixtures::{count, dead_letter};
+use harness::fixtures::{count, dead_letter, enqueue, message};
 use harness::iap::IapStandIn;
 use harness::process::{Process, Spawn, http_request};
 
@@ -675,5 +676,80 @@ async fn pending_messages_are_cancelled_and_retried_after_a_preview_and_a_held_t
             ("cancel".to_owned(), "alice@example.com".to_owned()),
             ("retry-now".to_owned(), "alice@example.com".to_owned())
         ]
+    );
+}
+
+/// The ids a preview's confirmation form carries.
+fn confirmed_ids(page: &str) -> Vec<i64> {
+    page.split("<input type=\"hidden\" name=\"id\" value=\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next()?.parse().ok())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_whole_filter_cancel_of_901_messages_cancels_901_with_a_short_audit_selector() {
+    let db = TestDb::new().await;
+    let rows: Vec<_> = (0..901)
+        .map(|i| message(TOPIC, &format!("bulk-{i:04}"), &[]))
+        .collect();
+    enqueue(&db.pool, &rows).await;
+    let (_console, addr) = console(&db, &["--actions", "--local-user", "alice@example.com"]).await;
+    let listed = http_request(&addr, "GET", &format!("/pending?topic={TOPIC}"), &[], "").await;
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    let form = format!(
+        "action=cancel&scope=filter&topic={TOPIC}&reason=retired&csrf={}",
+        csrf_of(&listed.body)
+    );
+    let preview = http_request(&addr, "POST", "/actions/preview", &[], &form).await;
+    assert_eq!(preview.status, 200, "{}", preview.body);
+    assert!(
+        preview.body.contains("<strong id=\"count\">901</strong>"),
+        "the preview counts all 901: {}",
+        &preview.body[..preview.body.len().min(3000)]
+    );
+    let ids = confirmed_ids(&preview.body);
+    assert_eq!(
+        ids.len(),
+        901,
+        "the confirmation carries every previewed id"
+    );
+    let mut confirm = format!(
+        "action=cancel&scope=ids&reason=retired&csrf={}",
+        csrf_of(&preview.body)
+    );
+    for id in &ids {
+        confirm.push_str(&format!("&id={id}"));
+    }
+    let done = http_request(&addr, "POST", "/actions/apply", &[], &confirm).await;
+    assert_eq!(done.status, 200, "{}", done.body);
+    assert!(done.body.contains("cancelled 901"), "{}", done.body);
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM pubsub_outbox").await,
+        0,
+        "every one cancelled"
+    );
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM pubsub_outbox_dead_letter WHERE error_kind = 'cancelled'"
+        )
+        .await,
+        901
+    );
+    let audited: Vec<(i32, i32)> = sqlx::query_as(
+        "SELECT row_count, length(selector::text) FROM pubsub_outbox_audit WHERE action = 'cancel'",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("the audit rows");
+    assert_eq!(
+        audited.iter().map(|(n, _)| n).sum::<i32>(),
+        901,
+        "the audit counts each once: {audited:?}"
+    );
+    assert!(
+        audited.iter().all(|(_, len)| *len < 200),
+        "the selector is short (the ids are the row's row_ids): {audited:?}"
     );
 }

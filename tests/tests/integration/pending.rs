@@ -2,7 +2,9 @@
 //! `pending cancel` (to the dead-letter table as `cancelled`: inspectable, replayable, blocking
 //! nothing) and `pending retry-now` (due at once, attempts unchanged), each previewed exactly by
 //! its dry run, audited with the identity, and refused whole (exit 2, nothing changed) for a typo
-//! or an unknown id; and the same refusal for `dead-letters replay` and `discard`.
+//! or an unknown id; and the same refusal for `dead-letters replay` and `discard`. A cancel names
+//! the dead letters it made and the replay that undoes it (their ids, not the outbox's), and an id
+//! the filter leaves out is said to be left out.
 
 use serde_json::Value;
 
@@ -465,4 +467,110 @@ async fn show_of_a_replayed_dead_letter_says_where_its_message_went() {
         err.contains(&format!("it is dead letter {second} now")),
         "the gone id points at the new one: {err}"
     );
+}
+
+#[tokio::test]
+async fn a_cancel_names_the_dead_letters_it_made_and_its_undo_puts_them_back() {
+    let db = TestDb::new().await;
+    let t = "projects/test-project/topics/undo";
+    enqueue(&db.pool, &[message(t, "x-1", &[]), message(t, "x-2", &[])]).await;
+    // A dead letter whose id overlaps the outbox's: the ids must not be confused.
+    harness::fixtures::dead_letter(&db.pool, t, None, b"{}", "INVALID_ARGUMENT: old").await;
+    let (x1, x2) = (id_of(&db, "x-1").await, id_of(&db, "x-2").await);
+    let (a, b) = (x1.to_string(), x2.to_string());
+    let done = json(
+        &db,
+        &[
+            "pending",
+            "cancel",
+            &a,
+            &b,
+            "--reason",
+            "sent twice",
+            "--json",
+        ],
+    );
+    assert_eq!(done["ids_are"], "outbox", "{done}");
+    assert_eq!(ids(&done), vec![x1, x2], "{done}");
+    let made: Vec<(i64, i64)> = done["dead_letters"]
+        .as_array()
+        .expect("dead_letters")
+        .iter()
+        .map(|m| {
+            (
+                m["outbox_id"].as_i64().expect("outbox id"),
+                m["dead_letter_id"].as_i64().expect("dead letter id"),
+            )
+        })
+        .collect();
+    for (outbox_id, dead_letter_id) in &made {
+        let stored: Option<i64> = sqlx::query_scalar(
+            "SELECT outbox_id FROM pubsub_outbox_dead_letter WHERE id = $1 AND error_kind = 'cancelled'",
+        )
+        .bind(dead_letter_id)
+        .fetch_optional(&db.pool)
+        .await
+        .expect("read the dead letter");
+        assert_eq!(
+            stored,
+            Some(*outbox_id),
+            "dead letter {dead_letter_id} is outbox row {outbox_id}"
+        );
+    }
+    let undo = done["undo"].as_str().expect("the undo command");
+    let (_, text, _) = dispatcher(&db, &["pending", "list", "--topic", t]);
+    assert!(text.contains("No unpublished message"), "{text}");
+    // The undo command, as printed (its reason filled in).
+    let args: Vec<String> = undo
+        .trim_start_matches("dispatcher ")
+        .replace("\"…\"", "undo")
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, out, err) = dispatcher(&db, &args);
+    assert_eq!(code, 0, "{undo}: {out}{err}");
+    assert_eq!(
+        outbox_dedupe_keys(&db.pool).await,
+        vec!["x-1".to_owned(), "x-2".to_owned()],
+        "both back, under their own outbox ids"
+    );
+    let (_, text, _) = dispatcher(&db, &["pending", "cancel", &a, "--reason", "again"]);
+    assert!(
+        text.contains("They are dead letters")
+            && text.contains("To undo: dispatcher dead-letters replay"),
+        "the text names the dead letters and the undo: {text}"
+    );
+}
+
+#[tokio::test]
+async fn an_id_the_filter_leaves_out_is_said_to_be_left_out() {
+    let db = TestDb::new().await;
+    let t = "projects/test-project/topics/outside";
+    enqueue(
+        &db.pool,
+        &[message(t, "in-1", &[]), message(t, "out-1", &[])],
+    )
+    .await;
+    let (inside, outside) = (id_of(&db, "in-1").await, id_of(&db, "out-1").await);
+    let (code, out, err) = dispatcher(
+        &db,
+        &[
+            "pending",
+            "cancel",
+            &inside.to_string(),
+            &outside.to_string(),
+            "--dedupe-prefix",
+            "in-",
+            "--reason",
+            "only the in ones",
+            "--json",
+        ],
+    );
+    assert_eq!(code, 1, "an id given was not changed: {out}{err}");
+    let report: Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(ids(&report), vec![inside], "{report}");
+    assert_eq!(report["outside"], serde_json::json!([outside]), "{report}");
+    assert!(err.contains("the filter leaves them out"), "{err}");
+    assert_eq!(outbox_dedupe_keys(&db.pool).await, vec!["out-1".to_owned()]);
 }
