@@ -111,12 +111,13 @@ pub enum Command {
     Migrate(MigrateArgs),
     #[command(flatten)]
     Ops(crate::ops::OpsCommand),
-    /// The operator's console in a browser: the overview, plots of the last hour, dead letters,
-    /// the audit trail, and (with --actions) pause/resume and replay/discard, previewed,
+    /// The operator's console in a browser: the overview, plots of the last hour, pending
+    /// messages, dead letters, the audit trail, and (with --actions) pause/resume,
+    /// replay/discard of dead letters and cancel/retry-now of pending messages, previewed,
     /// confirmed and audited with the identity. Local (loopback) or behind Identity-Aware Proxy.
     #[command(
         after_help = "Examples:\n  dispatcher console                    # http://127.0.0.1:8080/, read-only\n  \
-                      dispatcher console --actions          # with pause/resume and replay/discard\n  \
+                      dispatcher console --actions          # with pause/resume, replay/discard, cancel/retry-now\n  \
                       dispatcher console --auth iap --iap-audience /projects/123/global/backendServices/456 --listen-addr 0.0.0.0:8080"
     )]
     Console(crate::console::ConsoleArgs),

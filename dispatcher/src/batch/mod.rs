@@ -83,6 +83,7 @@ async fn run<P: Publish>(
         started,
         claimed: claimed_at,
         sent: Instant::now(),
+        probe: matches!(scope, Scope::Probe(_)),
     };
     outcome::finish(d, claimed, sent, now, timing).await
 }

@@ -185,6 +185,9 @@ pub(crate) struct Timing {
     pub(crate) claimed: Instant,
     /// Its send ended (isolation and probes included).
     pub(crate) sent: Instant,
+    /// It was a held topic's probe: its head row waited for the hold, not for a slow dispatcher,
+    /// and the hold has its own gauge and warning (status, `outbox_topic_held_seconds`).
+    pub(crate) probe: bool,
 }
 
 impl Timing {
@@ -200,7 +203,7 @@ impl Timing {
             .min()
             .and_then(|oldest| (now - oldest).to_std().ok())
             .unwrap_or_default();
-        if threshold.is_zero() || (total < threshold && waited < threshold) {
+        if self.probe || threshold.is_zero() || (total < threshold && waited < threshold) {
             return;
         }
         let Some(held_back) = d.slow_log.pass() else {

@@ -108,10 +108,17 @@ impl Console {
                     text(t, "due_now"),
                     text(t, "held"),
                     text(t, "waiting"),
-                    age(t
-                        .get("oldest_due_age_seconds")
-                        .and_then(Value::as_f64)
-                        .unwrap_or(0.0)),
+                    if t.get("due_now").and_then(Value::as_i64).unwrap_or(0)
+                        + t.get("held").and_then(Value::as_i64).unwrap_or(0)
+                        == 0
+                    {
+                        "-".to_owned()
+                    } else {
+                        age(t
+                            .get("oldest_due_age_seconds")
+                            .and_then(Value::as_f64)
+                            .unwrap_or(0.0))
+                    },
                     // The last sample's (the status has no such figure); nothing due, none.
                     claimable
                         .get(&name)

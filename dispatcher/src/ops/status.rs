@@ -269,9 +269,7 @@ fn held_warning(s: &Status, h: &HeldTopicState) -> String {
     format!(
         "{} is held: Pub/Sub refuses it as a whole with {} ({}) since {} ({} ago, {} \
          refusal(s)); its {} message(s) wait untouched (nothing charged or dead-lettered) \
-         and it is released by itself when a probe (next at {}) is accepted. Runbook: \"A \
-         topic is held\" (a grant still propagating, a topic not created yet, a disabled CMEK \
-         key, a proxy's route)",
+         and it is released by itself when a probe (next at {}) is accepted. {}",
         held.topic,
         held.code,
         held.message,
@@ -279,8 +277,31 @@ fn held_warning(s: &Status, h: &HeldTopicState) -> String {
         duration(seconds(s.now - held.held_since)),
         held.refusals,
         h.waiting,
-        instant(held.next_probe_at)
+        instant(held.next_probe_at),
+        held_hint(&held.topic, &held.code)
     )
+}
+
+/// What to do about a topic held with `code`.
+pub(crate) fn held_hint(topic: &str, code: &str) -> String {
+    match code {
+        "NOT_FOUND" => format!(
+            "The topic does not exist: create it (Terraform's topics, or gcloud pubsub topics \
+             create {topic}), or, if it was retired on purpose, cancel its messages: dispatcher \
+             pending cancel --topic {topic} --reason \"…\" --dry-run, then --yes. Runbook: \"A \
+             topic is held\""
+        ),
+        "PERMISSION_DENIED" => format!(
+            "The dispatchers' account may not publish to it: grant roles/pubsub.publisher on \
+             {topic} to the dispatcher's service account (terraform output \
+             dispatcher_service_account_email; its Kubernetes service account is bound to it by \
+             Workload Identity); a new grant takes up to about 7 minutes to apply. Runbook: \"A \
+             topic is held\""
+        ),
+        _ => "Runbook: \"A topic is held\" (a grant still propagating, a topic not created yet, \
+              a disabled CMEK key, a proxy's route)"
+            .to_owned(),
+    }
 }
 
 /// Pub/Sub unreachable: one warning per reason (every replica of an outage says the same).
@@ -401,7 +422,12 @@ fn topics_table(s: &Status) -> String {
             topic.held.to_string(),
             topic.waiting.to_string(),
             topic.next_due_at.map_or("-".to_owned(), instant),
-            duration(topic.oldest_due_age_seconds),
+            // Nothing due (an empty topic, or only waiting rows): no age to give.
+            if topic.due_now + topic.held == 0 {
+                "-".to_owned()
+            } else {
+                duration(topic.oldest_due_age_seconds)
+            },
             format!(
                 "{}/{}/{}/{}",
                 topic.dead_permanent,

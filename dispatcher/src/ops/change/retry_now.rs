@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use outbox_runtime::operator::OpsError;
 use outbox_shared::store::audit::Action;
 use outbox_shared::store::pending::{self, Pending};
+use outbox_shared::store::status;
 use sqlx::PgConnection;
 
 use super::report::Report;
@@ -69,6 +70,7 @@ impl Verb for RetryNow {
     ) -> Result<Audited, OpsError> {
         let ids: Vec<i64> = page.iter().map(|r| r.id).collect();
         let changed = pending::retry_now(tx, &ids, plan.now).await?;
+        held_topics(tx, page, report).await?;
         report.in_flight.extend(&changed.in_flight);
         report.gone.extend(&changed.unchanged);
         Ok(Audited {
@@ -76,4 +78,29 @@ impl Verb for RetryNow {
             outbox_ids: None,
         })
     }
+}
+
+/// A warning for each held topic of `page` (once): its messages are due now, but the topic waits
+/// for its probe, which retry-now does not hurry.
+async fn held_topics(
+    tx: &mut PgConnection,
+    page: &[Pending],
+    report: &mut Report,
+) -> Result<(), OpsError> {
+    for held in status::held_topics(tx).await? {
+        let h = &held.hold;
+        let said = report.warnings.iter().any(|w| w.contains(&h.topic));
+        if !said && page.iter().any(|r| r.topic == h.topic) {
+            report.warnings.push(format!(
+                "warning: {} is held (Pub/Sub refuses it as a whole with {} since {}): its \
+                 messages made due go when its next probe, at {}, is accepted, not before. {}",
+                h.topic,
+                h.code,
+                outbox_runtime::table::instant(h.held_since),
+                outbox_runtime::table::instant(h.next_probe_at),
+                crate::ops::status::held_hint(&h.topic, &h.code)
+            ));
+        }
+    }
+    Ok(())
 }
