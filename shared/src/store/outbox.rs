@@ -300,7 +300,9 @@ pub struct TopicBacklog {
     pub topic: String,
     /// Unpublished rows (among the first `cap` read).
     pub pending: i64,
-    /// Age in seconds of the oldest row due now (0 when none is due).
+    /// Age in seconds of the oldest row due now (0 when none is due). A keyed row is due only
+    /// when its key's head is (as `dispatcher status` counts it): rows behind a head waiting for
+    /// its retry wait too.
     pub oldest_due_age_secs: f64,
     /// Age in seconds of the oldest row a claim could take now (0 when none): due, its topic not
     /// paused, and not behind a dead-lettered message of its ordering key (unless the topic
@@ -340,7 +342,9 @@ pub async fn backlog_by_topic(
     // Each of the two scans reads at most `cap` rows.
     let rows: Vec<(String, i64, Option<f64>, Option<f64>)> = sqlx::query_as(
         "SELECT s.topic, count(*),
-                EXTRACT(EPOCH FROM ($1 - min(s.created_at) FILTER (WHERE s.next_attempt_at <= $1)))::float8,
+                EXTRACT(EPOCH FROM ($1 - min(s.created_at) FILTER (
+                    WHERE s.next_attempt_at <= $1
+                      AND (s.ordering_key IS NULL OR k.head_due))))::float8,
                 EXTRACT(EPOCH FROM ($1 - min(s.created_at) FILTER (
                     WHERE s.next_attempt_at <= $1 AND NOT (s.topic = ANY($4))
                       AND (s.ordering_key IS NULL

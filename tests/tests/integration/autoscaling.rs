@@ -131,6 +131,13 @@ async fn rows_behind_a_key_head_waiting_for_its_retry_are_waiting_not_claimable(
         .unwrap_or_else(|| panic!("{status}"))
         .clone();
     assert_eq!(topic["due_now"], 1, "only j-1: {topic}");
+    // The gauge outbox_oldest_due_age_seconds and status agree: j-1's age, not k-2's.
+    let status_age = topic["oldest_due_age_seconds"].as_f64().unwrap_or(f64::NAN);
+    assert!(near(status_age, 60.0), "{topic}");
+    assert!(
+        (of(&b, t).oldest_due_age_secs - status_age).abs() < 5.0,
+        "the gauge's oldest due age is status's: {b:?} {topic}"
+    );
     assert_eq!(
         topic["waiting"], 3,
         "k's three rows wait for its head: {topic}"
