@@ -2,8 +2,8 @@
 
 The alert rules live in k8s/alerts.yaml, a Google Managed Prometheus `Rules` resource, which sends
 only to an Alertmanager that nothing in deploy/ configures. What pages is a Cloud Monitoring policy
-per alert that Terraform makes from that same file (terraform/dispatcher_alerts/ reads it,
-terraform/monitoring.tf makes the policies). This check holds the two together:
+per alert that Terraform makes from that same file (terraform/modules/dispatcher_alerts/ reads
+it, terraform/modules/pubsub-outbox/monitoring.tf makes the policies). This check holds the two together:
 
 - every alerting rule has `severity: page` or `warning`; the paging ones include at least PAGING;
   its `description` is plain text (it becomes the policy's documentation, where {{ }} templates
@@ -12,8 +12,8 @@ terraform/monitoring.tf makes the policies). This check holds the two together:
   into the install's project_id, cluster and namespace matchers), and every aggregation and
   vector matching keeps `cluster` and `namespace`, so one alert is one install;
 - the module, evaluated offline with `terraform console` (it has no provider), scopes every
-  selector of every query to the project, cluster and namespace it is given, and reads the rules
-  from k8s/alerts.yaml;
+  selector of every query to the project, cluster and namespace it is given, and the pubsub-outbox
+  module gives it k8s/alerts.yaml (its rules_file resolves to that file);
 - every paging alert is routed: a google_monitoring_alert_policy whose for_each is the module's
   output holding the alert, whose condition runs its query, and whose notification_channels are
   var.alert_notification_channels.
@@ -44,6 +44,7 @@ PAGING = {"OutboxDispatcherAbsent", "OutboxNotPublishing", "OutboxBacklogAgeCrit
 SEVERITIES = {"page", "warning"}
 JOB = "pubsub-outbox-dispatcher"
 ROUTE = "${var.alert_notification_channels}"
+MODULES = "deploy/terraform/modules"
 # What the module is evaluated with: every selector of its queries must end up with these.
 SCOPE = {"project_id": "check-project", "cluster": "check-cluster", "namespace": "check-namespace"}
 
@@ -143,7 +144,7 @@ def evaluate(module_dir: Path, rules_file: Path, expression: str):
 def route_problems(repo: Path, rules: list) -> tuple[list[str], int]:
     """Terraform's side: the module's queries and the policies that notify."""
     problems = []
-    tf = repo / "deploy/terraform"
+    tf = repo / MODULES / "pubsub-outbox"
     modules, policies = {}, {}
     for path in sorted(glob.glob(str(tf / "*.tf"))):
         doc = hcl2.loads(Path(path).read_text())
@@ -153,13 +154,18 @@ def route_problems(repo: Path, rules: list) -> tuple[list[str], int]:
             for kind, body in block.items():
                 if unquote(kind) == "google_monitoring_alert_policy":
                     policies |= {unquote(k): v for k, v in body.items() if not k.startswith("__")}
-    module = next(((n, m) for n, m in modules.items() if one(m["source"]) == "./dispatcher_alerts"), None)
+    module = next(((n, m) for n, m in modules.items() if one(m["source"]) == "../dispatcher_alerts"), None)
     if module is None:
-        return ["terraform: no module \"./dispatcher_alerts\" (the dispatcher's alerts reach nobody)"], 0
+        return ["terraform: no module \"../dispatcher_alerts\" in modules/pubsub-outbox (the dispatcher's alerts "
+                "reach nobody)"], 0
     module_name, module_args = module
-    if not str(one(module_args.get("rules_file", ""))).endswith("/k8s/alerts.yaml"):
-        problems.append(f"module {module_name}: rules_file must be k8s/alerts.yaml (one source for the rules)")
-    module_dir = tf / "dispatcher_alerts"
+    # ${path.module}/…: from the pubsub-outbox module's directory, it must reach deploy/k8s/alerts.yaml.
+    rules_file = str(one(module_args.get("rules_file", ""))).replace("${path.module}", str(tf))
+    if not rules_file.endswith("/k8s/alerts.yaml") or \
+            Path(os.path.normpath(rules_file)) != (repo / "deploy/k8s/alerts.yaml"):
+        problems.append(f"module {module_name}: rules_file must be deploy/k8s/alerts.yaml (one source for the "
+                        f"rules), not {one(module_args.get('rules_file'))}")
+    module_dir = repo / MODULES / "dispatcher_alerts"
     outputs = {}
     for block in hcl2.loads((module_dir / "main.tf").read_text()).get("output", []):
         for name, body in block.items():
@@ -248,10 +254,13 @@ def mutations():
         a = text.index("- alert: OutboxBreakerOpen")
         return text[:a] + text[a:].replace("severity: page", "severity: critical", 1)
 
-    tf, rules = "deploy/terraform/monitoring.tf", "deploy/k8s/alerts.yaml"
+    tf, rules = f"{MODULES}/pubsub-outbox/monitoring.tf", "deploy/k8s/alerts.yaml"
     return [
         ("a paging policy notifying another list", tf, unroute, "no google_monitoring_alert_policy"),
         ("no dispatcher policy (the Terraform of 2847324)", tf, drop_policies, "no google_monitoring_alert_policy"),
+        ("the rules file's path of before the module moved (deploy/terraform/k8s/alerts.yaml)", tf,
+         lambda t: t.replace('"${path.module}/../../../k8s/alerts.yaml"', '"${path.module}/../k8s/alerts.yaml"', 1),
+         "rules_file must be deploy/k8s/alerts.yaml"),
         ("OutboxBreakerOpen labelled critical (the rules of 2847324)", rules, relabel, "neither page nor warning"),
         ("a paging rule whose selector has no job matcher", rules, add_rule("", "outboxbreakeropen"), "lacks job="),
         ("a paging rule whose runbook is no heading", rules,
@@ -262,14 +271,14 @@ def mutations():
 def self_test(repo: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp)
-        shutil.copytree(repo / "deploy/terraform", copy / "deploy/terraform",
+        shutil.copytree(repo / MODULES, copy / MODULES,
                         ignore=shutil.ignore_patterns(".terraform*", "*.tfstate*", "*.tfvars"))
         (copy / "deploy/k8s").mkdir(parents=True)
         (copy / "docs").mkdir()
         failures = []
 
         def reset():
-            shutil.copy(repo / "deploy/terraform/monitoring.tf", copy / "deploy/terraform/monitoring.tf")
+            shutil.copy(repo / MODULES / "pubsub-outbox/monitoring.tf", copy / MODULES / "pubsub-outbox/monitoring.tf")
             shutil.copy(repo / "deploy/k8s/alerts.yaml", copy / "deploy/k8s/alerts.yaml")
             shutil.copy(repo / "docs/operating.md", copy / "docs/operating.md")
 

@@ -1,15 +1,15 @@
 """The Cloud Monitoring dashboard and the alert rules name only metrics that exist (deploy/check).
 
-- terraform/dashboard.json is JSON with a mosaic layout whose tiles fit its columns without
-  overlapping, each a titled chart or scorecard with at least one query, and no tile states a
-  position of 0 (the API leaves it out, so an explicit 0 diffs on every plan);
+- terraform/modules/pubsub-outbox/dashboard.json is JSON with a mosaic layout whose tiles fit its
+  columns without overlapping, each a titled chart or scorecard with at least one query, and no
+  tile states a position of 0 (the API leaves it out, so an explicit 0 diffs on every plan);
 - every dashboard PromQL selector reads this install only (project_id, cluster and namespace matchers);
 - every PromQL query (dashboard and k8s/alerts.yaml) parses, and each `outbox_…` series it reads
   is one the dispatcher exports: a name registered in dispatcher/src/metrics.rs, with the suffix
   its type gets (counter `_total`; histogram `_bucket`, `_sum`, `_count`; gauge none), or a
   recording rule of alerts.yaml;
 - every Cloud Monitoring filter names a Cloud Run job metric or the logs-based metric of
-  terraform/monitoring.tf, and every template variable is one monitoring.tf passes.
+  that module's monitoring.tf, and every template variable is one monitoring.tf passes.
 
 Usage: dashboard_check.py REPO
 """
@@ -100,7 +100,7 @@ def layout(dashboard) -> list[str]:
 
 def main() -> None:
     repo = Path(sys.argv[1])
-    text = (repo / "deploy/terraform/dashboard.json").read_text()
+    text = (repo / "deploy/terraform/modules/pubsub-outbox/dashboard.json").read_text()
     dashboard = json.loads(text)
     problems = layout(dashboard)
     names = exported((repo / "dispatcher/src/metrics.rs").read_text())
@@ -131,7 +131,7 @@ def main() -> None:
             if series not in names:
                 problems.append(f"{where}: {series} is not a metric the dispatcher exports")
 
-    monitoring = (repo / "deploy/terraform/monitoring.tf").read_text()
+    monitoring = (repo / "deploy/terraform/modules/pubsub-outbox/monitoring.tf").read_text()
     call = re.search(r'templatefile\("\$\{path\.module\}/dashboard\.json",\s*\{(.*?)\}\)', monitoring, re.S)
     passed = set(re.findall(r"^\s*(\w+)\s*=", call.group(1), re.M)) if call else set()
     for var in set(re.findall(r"\$\{(\w+)\}", text)) - passed:

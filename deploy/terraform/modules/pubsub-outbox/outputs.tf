@@ -38,8 +38,13 @@ output "producer_job_name" {
   value       = google_cloud_run_v2_job.producer.name
 }
 
+output "artifact_registry_url" {
+  description = "The images' Docker repository, REGION-docker.pkg.dev/PROJECT/REPOSITORY: push the dispatcher's and producer's images and the mirrored postgres there (deploy/README.md, section 1)."
+  value       = local.artifact_registry_url
+}
+
 output "pubsub_regional_endpoint" {
-  description = "For OUTBOX_PUBSUB_ENDPOINT in deploy/k8s/configmap.yaml."
+  description = "For OUTBOX_PUBSUB_ENDPOINT in deploy/k8s/dispatcher.env."
   value       = "https://${var.region}-pubsub.googleapis.com"
 }
 
@@ -79,7 +84,7 @@ output "database_urls" {
 }
 
 output "database_bootstrap_job_command" {
-  description = "The same bootstrap runs as deploy/k8s/bootstrap/run lines: psql in a Job inside the VPC (deploy/README.md, section 4, step 3). Names only, no password."
+  description = "The same bootstrap runs as deploy/k8s/bootstrap/run lines: psql in a Job inside the VPC (deploy/README.md, section 4, step 4). Names only, no password."
   value = join("", concat(
     ["deploy/k8s/bootstrap/run migrator='${local.db_users["migrate"]}' dispatcher='${local.db_users["dispatcher"]}' producer='${local.db_users["producer"]}' operator='${local.db_users["operator"]}'\n"],
     [for k, name in local.db_users : "deploy/k8s/bootstrap/run operator='${name}'\n" if k == "console"],

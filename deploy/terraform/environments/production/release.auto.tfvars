@@ -1,11 +1,12 @@
-# The release: what changes from one release to the next, in one committed file that every plan
-# and apply reads (Terraform loads *.auto.tfvars by itself). Change it here, commit, apply; never
-# pass these with -var: an apply without the flag would put the older value back (the producer on
-# an old image against a newer schema, or its schedule paused again). deploy/check refuses a
-# document step that sets one with -var. Order of a first deploy and of every release:
-# deploy/README.md, section 4.
+# The production release: what changes from one release to the next, in one committed file that every
+# plan and apply in this directory reads (Terraform loads *.auto.tfvars by itself). Change it here,
+# commit, apply; never pass these with -var, -var-file or TF_VAR_: an apply without them would put
+# the older value back (the producer on an old image against a newer schema, or its schedule paused
+# again). deploy/check refuses a document step that does. Order of a first deploy and of every
+# release: deploy/README.md, section 4.
 
-# The producer's image, by digest (deploy/README.md, section 1). EDIT at each release.
+# The producer's image, by digest (deploy/README.md, section 1). EDIT at each release. The
+# all-zero digest is the template's placeholder: a plan refuses it until a real one is set here.
 producer_image = "europe-west1-docker.pkg.dev/my-project/pubsub-outbox/producer@sha256:0000000000000000000000000000000000000000000000000000000000000000"
 
 # The Cloud SQL Auth Proxy of the producer job's sidecar; the same tag and digest as every proxy

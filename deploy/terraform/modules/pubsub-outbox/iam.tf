@@ -216,3 +216,26 @@ resource "google_project_iam_member" "trace_agent" {
   role    = "roles/cloudtrace.agent"
   member  = "serviceAccount:${each.value}"
 }
+
+# ---- the HPAs' metrics adapter (custom_metrics_adapter_monitoring_viewer) ------------------------
+
+# The dispatcher's HPAs scale on an external metric (deploy/k8s/dispatcher/hpa.yaml) that the
+# Custom Metrics Stackdriver Adapter reads from Cloud Monitoring as its Kubernetes service account
+# custom-metrics/custom-metrics-stackdriver-adapter. Through Workload Identity that KSA is a
+# principal of the GKE project's pool, granted here directly (no Google service account to
+# impersonate): its project number is needed for the principal's name.
+data "google_project" "gke" {
+  count = var.custom_metrics_adapter_monitoring_viewer ? 1 : 0
+
+  # No depends_on: a data source waiting on a changed dependency is read only at apply, and the
+  # binding's principal would then be unknown and replaced on every plan that enables an API.
+  project_id = local.gke_project_id
+}
+
+resource "google_project_iam_member" "custom_metrics_adapter" {
+  count = var.custom_metrics_adapter_monitoring_viewer ? 1 : 0
+
+  project = local.gke_project_id
+  role    = "roles/monitoring.viewer"
+  member  = "principal://iam.googleapis.com/projects/${data.google_project.gke[0].number}/locations/global/workloadIdentityPools/${local.gke_project_id}.svc.id.goog/subject/ns/custom-metrics/sa/custom-metrics-stackdriver-adapter"
+}

@@ -1,7 +1,7 @@
 # The dispatcher's alert rules (deploy/k8s/alerts.yaml, a Google Managed Prometheus `Rules`
 # resource) as the parts of Cloud Monitoring alert policies with PromQL conditions, so the
 # expressions have one source: the file the cluster also applies. No provider and no resource
-# here, only data: ../monitoring.tf makes the policies, and deploy/check evaluates this module
+# here, only data: ../pubsub-outbox/monitoring.tf makes the policies, and deploy/check evaluates this module
 # offline (`terraform console`) to check that every paging alert has a policy that notifies.
 #
 # Cloud Monitoring evaluates PromQL over every cluster and namespace of the project, where the
@@ -29,7 +29,7 @@ variable "namespace" {
 }
 
 variable "enabled" {
-  description = "Give the alerts (var.alerts_enabled of the root): false, both outputs are empty and no policy is made."
+  description = "Give the alerts (the pubsub-outbox module's alerts_enabled): false, both outputs are empty and no policy is made."
   type        = bool
 }
 

@@ -6,7 +6,8 @@ resource "google_pubsub_topic" "outbox" {
   name = each.value
   # Topic-level retention keeps messages for replay (seek) regardless of subscriptions' acks.
   message_retention_duration = var.topic_message_retention
-  # Optional CMEK (var.kms_key_name); null: Google-managed encryption.
+  # Optional CMEK (var.kms_key_name); null: Google-managed encryption. The Pub/Sub service agent
+  # is granted the key first (kms.tf).
   kms_key_name = var.kms_key_name
 
   dynamic "message_storage_policy" {
@@ -16,7 +17,7 @@ resource "google_pubsub_topic" "outbox" {
     }
   }
 
-  depends_on = [google_project_service.enabled]
+  depends_on = [google_project_service.enabled, google_kms_crypto_key_iam_member.service_agents]
 
   lifecycle {
     # Removing a name from var.topics would delete the topic with its retained messages, and the
@@ -56,4 +57,12 @@ resource "google_pubsub_subscription" "example" {
 
   # No dead_letter_policy, deliberately: what to do with a message a consumer cannot process is the
   # consumer's decision. (The outbox's own dead-letter table is about publishing, not consuming.)
+
+  lifecycle {
+    # A consumer may already read from it: deleting it (a name removed from var.topics, or
+    # create_example_subscriptions turned off) would drop its unacknowledged messages, and a new
+    # one of the same name starts empty. Refuse such a plan, as for the topics; to really remove
+    # one, deploy/README.md ("Removing a topic or the database").
+    prevent_destroy = true
+  }
 }

@@ -2,7 +2,9 @@
 # Run mounts a file into a job. It holds BigQuery queries, not credentials. There is no database
 # password to store: every workload logs in with IAM database authentication (cloudsql.tf).
 #
-# A new version per change of the file; the job reads "latest" at each execution.
+# A new version per change of the file (var.producer_streams: the environment's committed
+# streams.toml); the job mounts the version this apply wrote (cloudrun_job.tf), never "latest", so
+# a changed file is a change of the job, seen in the plan.
 resource "google_secret_manager_secret" "producer_streams" {
   secret_id = "${var.name_prefix}-producer-streams"
   replication {
@@ -13,5 +15,5 @@ resource "google_secret_manager_secret" "producer_streams" {
 
 resource "google_secret_manager_secret_version" "producer_streams" {
   secret      = google_secret_manager_secret.producer_streams.id
-  secret_data = file(var.producer_config_file)
+  secret_data = var.producer_streams
 }

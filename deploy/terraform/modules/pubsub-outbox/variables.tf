@@ -1,7 +1,7 @@
 # ---- project ------------------------------------------------------------------------------------
 
 variable "project_id" {
-  description = "Project that holds every resource created here."
+  description = "Project that holds every resource created here (the environment's provider project; labels are the provider's default_labels)."
   type        = string
 }
 
@@ -25,18 +25,14 @@ variable "name_prefix" {
   }
 }
 
-variable "labels" {
-  description = "Extra labels for every resource that takes labels."
-  type        = map(string)
-  default     = {}
-}
-
 # ---- Pub/Sub ------------------------------------------------------------------------------------
 
 variable "topics" {
   description = <<-EOT
     Short names of the topics the outbox publishes to. The dispatcher may publish only to these:
-    a row for any other topic fails with PERMISSION_DENIED and is dead-lettered.
+    Pub/Sub refuses a row for any other topic with PERMISSION_DENIED (NOT_FOUND if it does not
+    exist), and the dispatcher holds that topic (its rows wait untouched, probed until the topic
+    answers; alert OutboxTopicHeld): it never dead-letters messages for a refused topic.
   EOT
   type        = list(string)
 
@@ -158,9 +154,12 @@ variable "db_name" {
 
 variable "kms_key_name" {
   description = <<-EOT
-    Optional CMEK (projects/P/locations/L/keyRings/R/cryptoKeys/K) for the Cloud SQL instance and
-    the topics; null: Google-managed keys. The Cloud SQL and Pub/Sub service agents need
-    roles/cloudkms.cryptoKeyEncrypterDecrypter on it. Cloud SQL takes it only at creation.
+    Optional CMEK (projects/P/locations/L/keyRings/R/cryptoKeys/K, in var.region) for the Cloud
+    SQL instance, the topics and the Artifact Registry repository; null: Google-managed keys. This
+    module creates the Cloud SQL, Pub/Sub and Artifact Registry service agents and grants them
+    roles/cloudkms.cryptoKeyEncrypterDecrypter on the key before it makes those (kms.tf): whoever
+    applies needs to set the key's IAM policy. Cloud SQL and Artifact Registry take it only at
+    creation.
   EOT
   type        = string
   default     = null
@@ -296,10 +295,18 @@ variable "bigquery_datasets" {
 
 # ---- the producer job ---------------------------------------------------------------------------
 
-variable "producer_config_file" {
-  description = "Path of the streams file (TOML) stored in Secret Manager and mounted into the job."
+variable "producer_streams" {
+  description = <<-EOT
+    The producer's streams file (TOML), as text: stored in Secret Manager and mounted into the job.
+    Each environment commits its own (environments/<env>/streams.toml) and passes
+    file("$${path.module}/streams.toml"): never a git-ignored file, so every checkout applies the same.
+  EOT
   type        = string
-  default     = "streams.toml"
+
+  validation {
+    condition     = strcontains(var.producer_streams, "[[stream]]")
+    error_message = "producer_streams: the streams file's text, with at least one [[stream]] table."
+  }
 }
 
 variable "producer_schedule" {
@@ -329,8 +336,8 @@ variable "producer_max_retries" {
 variable "producer_timeout" {
   description = <<-EOT
     Longest one task attempt may run, e.g. "600s". Keep it below the schedule interval (15 minutes
-    by default), so an execution ends before the next tick starts another; the check below
-    enforces it for "*/N * * * *" schedules.
+    by default), so an execution ends before the next tick starts another; a precondition on
+    the job (cloudrun_job.tf) refuses the plan otherwise, for "*/N * * * *" schedules.
   EOT
   type        = string
   default     = "600s"
@@ -413,7 +420,7 @@ variable "console_users" {
   description = <<-EOT
     Who may open the console, as IAM members ("user:alice@example.com", "group:oncall@example.com"):
     roles/iap.httpsResourceAccessor. What they may do there is the console's --actions switch
-    (deploy/k8s/console/configmap.yaml); every change is audited with their email.
+    (deploy/k8s/console/console.env); every change is audited with their email.
   EOT
   type        = list(string)
   default     = []
@@ -442,18 +449,60 @@ variable "gke_console_service_account" {
   default     = "outbox-console"
 }
 
-# ---- the release (release.auto.tfvars) ----------------------------------------------------------
-# The variables a release changes have no default and are set in release.auto.tfvars, committed,
-# which every plan and apply reads: never with -var, or the next apply without it puts the old value
-# back (deploy/check refuses a document step that does).
+# ---- Artifact Registry (the images) -------------------------------------------------------------
+
+variable "artifact_registry_repository" {
+  description = "The Docker repository (in var.region) of the dispatcher's and producer's images and the mirrored ones (the bootstrap Job's postgres): REGION-docker.pkg.dev/PROJECT/<this>."
+  type        = string
+  default     = "pubsub-outbox"
+}
+
+variable "create_artifact_registry_repository" {
+  description = "Create var.artifact_registry_repository here. false when it exists already (made by hand or another configuration): the node account's read grant is still made on it."
+  type        = bool
+  default     = true
+}
+
+variable "gke_node_service_account" {
+  description = <<-EOT
+    Email of the GKE nodes' service account (the cluster's node pools run as it; the kubelet pulls
+    images with it). It gets roles/artifactregistry.reader on the repository, so a private cluster
+    pulls the images through Private Google Access, without Cloud NAT.
+  EOT
+  type        = string
+
+  validation {
+    condition     = can(regex("^[a-z0-9._%+-]+@[a-z0-9.-]+\\.gserviceaccount\\.com$", var.gke_node_service_account))
+    error_message = "gke_node_service_account: a service account's email (…@….gserviceaccount.com)."
+  }
+}
+
+variable "custom_metrics_adapter_monitoring_viewer" {
+  description = <<-EOT
+    Grant roles/monitoring.viewer to the Custom Metrics Stackdriver Adapter's Kubernetes service
+    account (custom-metrics/custom-metrics-stackdriver-adapter, through Workload Identity) in the
+    GKE project: the dispatcher's HPAs read their external metric through it. false when the
+    adapter runs under another identity that has the role already.
+  EOT
+  type        = bool
+  default     = true
+}
+
+# ---- the release (each environment's release.auto.tfvars) ---------------------------------------
+# The variables a release changes have no default, here and in each environment's variables.tf,
+# and are set only in that environment's release.auto.tfvars, committed, which every plan and apply
+# there reads: never with -var, -var-file or TF_VAR_, or the next apply without them puts the old
+# value back (deploy/check refuses a document step that does).
 
 variable "producer_image" {
   description = "Producer image (deploy/docker/Dockerfile, --target producer) by digest: REPO/producer@sha256:… (release.auto.tfvars)."
   type        = string
 
   validation {
-    condition     = can(regex("@sha256:[0-9a-f]{64}$", var.producer_image))
-    error_message = "producer_image must name a digest (REPO/producer@sha256:<64 hex>): a tag can move under a running schedule."
+    # A digest, and not the all-zero placeholder a template ships with: a tag can move under a
+    # running schedule, and a placeholder would make an execution that cannot start.
+    condition     = can(regex("^[^@\\s]+@sha256:[0-9a-f]{64}$", var.producer_image)) && !can(regex("@sha256:0{64}$", var.producer_image))
+    error_message = "producer_image must name a real digest (REPO/producer@sha256:<64 hex>, not the all-zero placeholder): set the release's in release.auto.tfvars."
   }
 }
 
@@ -477,8 +526,8 @@ variable "cloud_sql_proxy_image" {
   type        = string
 
   validation {
-    condition     = can(regex("@sha256:[0-9a-f]{64}$", var.cloud_sql_proxy_image))
-    error_message = "cloud_sql_proxy_image must name a digest (…/cloud-sql-proxy:TAG@sha256:<64 hex>)."
+    condition     = can(regex("^[^@\\s]+@sha256:[0-9a-f]{64}$", var.cloud_sql_proxy_image)) && !can(regex("@sha256:0{64}$", var.cloud_sql_proxy_image))
+    error_message = "cloud_sql_proxy_image must name a real digest (…/cloud-sql-proxy:TAG@sha256:<64 hex>, not the all-zero placeholder)."
   }
 }
 

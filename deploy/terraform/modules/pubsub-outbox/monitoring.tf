@@ -7,13 +7,15 @@
 # The rules of deploy/k8s/alerts.yaml, read here rather than copied, so the cluster's Rules and
 # these policies cannot drift; scoped to this install's project, cluster and namespace.
 module "dispatcher_alerts" {
-  source = "./dispatcher_alerts"
+  source = "../dispatcher_alerts"
 
-  rules_file = "${path.module}/../k8s/alerts.yaml"
+  # deploy/k8s/alerts.yaml, from deploy/terraform/modules/pubsub-outbox.
+  rules_file = "${path.module}/../../../k8s/alerts.yaml"
   project_id = local.gke_project_id
   cluster    = var.gke_cluster_name
   namespace  = var.gke_namespace
-  # Off for the first apply (release.auto.tfvars): no policy exists until the dispatcher runs.
+  # Off for the first apply (the environment's release.auto.tfvars): no policy exists until the
+  # dispatcher runs.
   enabled = var.alerts_enabled
 }
 
@@ -206,7 +208,8 @@ locals {
     and the per-stream rows in `producer_run` (outcome, error). Exit 1: a stream failed and the
     next tick resumes from its watermark (one failure is a warning; a second within 45 minutes
     pages). Exit 2: the streams file is invalid; every tick fails until it is fixed. A paused
-    schedule (producer_schedule_paused in release.auto.tfvars) fires the absence rule.
+    schedule (producer_schedule_paused in the environment's release.auto.tfvars) fires the
+    absence rule.
   EOT
 }
 

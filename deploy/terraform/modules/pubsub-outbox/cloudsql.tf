@@ -29,7 +29,7 @@ resource "google_sql_database_instance" "outbox" {
   region              = var.region
   database_version    = var.postgres_version
   deletion_protection = var.deletion_protection
-  # Optional CMEK (var.kms_key_name); the Cloud SQL service agent needs encrypter/decrypter on it.
+  # Optional CMEK (var.kms_key_name); the Cloud SQL service agent is granted the key first (kms.tf).
   encryption_key_name = var.kms_key_name
 
   settings {
@@ -171,6 +171,7 @@ resource "google_sql_database_instance" "outbox" {
   depends_on = [
     google_project_service.enabled,
     google_service_networking_connection.private_service_access,
+    google_kms_crypto_key_iam_member.service_agents,
   ]
 }
 
