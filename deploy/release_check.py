@@ -1,0 +1,286 @@
+#!/usr/bin/env python3
+"""deploy/check's release rehearsal: runs deploy/README.md's release steps, as written, on a copy.
+
+The steps are the ```sh blocks between the README's `<!-- release-steps` and
+`<!-- /release-steps -->` markers, run in order by bash (-euo pipefail) in a copy of deploy/, with
+the example overlay as OVERLAY, the production environment as ENVIRONMENT, and new digests as
+DISPATCHER_IMAGE and PRODUCER_IMAGE. What would reach a cluster or a cloud is a stand-in that
+records each call with the install's state at that moment:
+  kubectl     `apply -k DIR` renders DIR with the real `kubectl kustomize` (what would be applied);
+              `kustomize` is the real one; anything else (delete, rollout status) is recorded;
+  kustomize   `edit set image NAME=REF`, as kustomize does it: the entry named NAME in ./
+              kustomization.yaml's images (added if missing) gets REF's name and digest;
+  terraform, git, and deploy/k8s/migrate/wait: recorded.
+It fails unless, after the steps, every image of the release is the new digest (the dispatcher,
+the migration Job, the console, the operator Job's dispatcher and producer, Terraform's
+producer_image), and unless the order held: the migration Job applied from the overlay with the
+new image, its wait returned before the dispatcher rolled, and the producer's image (the
+overlay's and Terraform's) still the old one until then.
+
+    release_check.py REPO              the README's steps
+    release_check.py --self-test REPO  plants broken procedures; each must be refused
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import yaml
+
+REPO = "europe-west1-docker.pkg.dev/my-project/pubsub-outbox"
+NEW = {"dispatcher": f"{REPO}/dispatcher@sha256:{'d0' * 32}", "producer": f"{REPO}/producer@sha256:{'b0' * 32}"}
+OVERLAY = "deploy/overlays/example"
+ENVIRONMENT = "deploy/terraform/environments/production"
+MARK = re.compile(r"<!-- release-steps.*?-->(.*?)<!-- /release-steps -->", re.S)
+FENCE = re.compile(r"^( *)```sh\n(.*?)^\1```", re.S | re.M)
+
+# The stand-in behind every recorded tool (a symlink per name): one JSON line per call.
+STAND_IN = r'''#!/usr/bin/env python3
+import json, os, re, subprocess, sys, yaml
+tool, args = os.path.basename(sys.argv[0]), sys.argv[1:]
+env = os.environ
+def producer_image():
+    text = open(os.path.join(env["RELEASE_ROOT"], env["ENVIRONMENT"], "release.auto.tfvars")).read()
+    m = re.search(r'^producer_image\s*=\s*"([^"]*)"', text, re.M)
+    return m.group(1) if m else None
+event = {"tool": tool, "args": args, "cwd": os.getcwd(), "producer_image": producer_image()}
+if tool == "kubectl" and args[:1] == ["kustomize"]:
+    os.execv(env["REAL_KUBECTL"], [env["REAL_KUBECTL"]] + args)
+if tool == "kubectl" and "apply" in args and "-k" in args:
+    target = os.path.abspath(args[args.index("-k") + 1])
+    n = sum(1 for _ in open(env["EVENTS"]))
+    out = os.path.join(env["RENDERS"], f"{n}.yaml")
+    with open(out, "w") as f:
+        if subprocess.run([env["REAL_KUBECTL"], "kustomize", target], stdout=f).returncode != 0:
+            sys.exit(f"kubectl (stand-in): {target} does not render")
+    event.update(apply=target, render=out)
+if tool == "kustomize":
+    if args[:3] != ["edit", "set", "image"] or len(args) != 4 or "=" not in args[3]:
+        sys.exit(f"kustomize (stand-in): only `edit set image NAME=REF`, not {args}")
+    name, ref = args[3].split("=", 1)
+    path = "kustomization.yaml"
+    doc = yaml.safe_load(open(path))
+    images = doc.setdefault("images", [])
+    entry = next((i for i in images if i.get("name") == name), None)
+    if entry is None:
+        entry = {"name": name}
+        images.append(entry)
+    new_name, _, digest = ref.partition("@")
+    entry["newName"] = new_name
+    if digest:
+        entry["digest"] = digest
+    yaml.safe_dump(doc, open(path, "w"), sort_keys=False)
+with open(env["EVENTS"], "a") as f:
+    f.write(json.dumps(event) + "\n")
+'''
+
+
+def steps(readme):
+    """The release steps: the sh blocks between the markers, dedented, in order."""
+    marked = MARK.search(readme)
+    if not marked:
+        raise SystemExit("deploy/README.md has no <!-- release-steps --> … <!-- /release-steps --> section")
+    blocks = []
+    for indent, body in FENCE.findall(marked.group(1)):
+        blocks.append("\n".join(line[len(indent):] for line in body.splitlines()))
+    if not blocks:
+        raise SystemExit("the release-steps section holds no ```sh block")
+    return "\n".join(blocks) + "\n"
+
+
+def images(render):
+    """Every container image of a rendered YAML file, by container name and kind/name."""
+    found = []
+    for doc in yaml.safe_load_all(open(render)):
+        if not doc:
+            continue
+        spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+        for c in spec.get("containers", []) + spec.get("initContainers", []):
+            found.append((f"{doc['kind']}/{doc['metadata'].get('name') or doc['metadata'].get('generateName')}",
+                          c["name"], c["image"]))
+    return found
+
+
+def ours(render):
+    """The images of ours (dispatcher, producer) in a render: [(object, image)]."""
+    return [(obj, image) for obj, _, image in images(render) if re.search(r"/(dispatcher|producer)[@:]", image)]
+
+
+def rehearse(repo, script):
+    """Runs `script` on a copy of repo's deploy/ and returns the problems found (empty: it holds)."""
+    work = tempfile.mkdtemp()
+    try:
+        return _rehearse(repo, script, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _rehearse(repo, script, work):
+    root = os.path.join(work, "repo")
+    shutil.copytree(os.path.join(repo, "deploy"), os.path.join(root, "deploy"),
+                    ignore=shutil.ignore_patterns(".terraform", "__pycache__"))
+    bin_dir, renders = os.path.join(work, "bin"), os.path.join(work, "renders")
+    os.makedirs(bin_dir)
+    os.makedirs(renders)
+    events = os.path.join(work, "events.jsonl")
+    open(events, "w").close()
+    stand_in = os.path.join(bin_dir, "stand-in")
+    with open(stand_in, "w") as f:
+        f.write(f"#!{sys.executable}\n" + STAND_IN.split("\n", 1)[1])
+    os.chmod(stand_in, 0o755)
+    for tool in ("kubectl", "kustomize", "terraform", "git"):
+        os.symlink(stand_in, os.path.join(bin_dir, tool))
+    # migrate/wait polls the cluster: its stand-in records that the steps waited.
+    os.symlink(stand_in, os.path.join(bin_dir, "wait"))
+    with open(os.path.join(root, "deploy/k8s/migrate/wait"), "w") as f:
+        f.write(f"#!/bin/sh\nexec {os.path.join(bin_dir, 'wait')} \"$@\"\n")
+    real_kubectl = shutil.which("kubectl")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", REAL_KUBECTL=real_kubectl,
+               EVENTS=events, RENDERS=renders, OVERLAY=OVERLAY, ENVIRONMENT=ENVIRONMENT, REPO=REPO,
+               DISPATCHER_IMAGE=NEW["dispatcher"], PRODUCER_IMAGE=NEW["producer"],
+               OUTBOX_ACTOR="release-check", RELEASE_ROOT=root)
+    old_producer = tfvars_producer(root)
+    run = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=root, env=env,
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        return [f"the release steps failed (exit {run.returncode}):\n{run.stdout}{run.stderr}"]
+    log = [json.loads(line) for line in open(events)]
+    return order(log, root, old_producer) + after(root, env)
+
+
+def tfvars_producer(root):
+    text = open(os.path.join(root, ENVIRONMENT, "release.auto.tfvars")).read()
+    m = re.search(r'^producer_image\s*=\s*"([^"]*)"', text, re.M)
+    return m.group(1) if m else None
+
+
+def order(log, root, old_producer):
+    """The order of the calls: migrate (from the overlay, new image) → wait → roll; producer last."""
+    problems = []
+    overlay = os.path.join(root, OVERLAY)
+    applies = [(i, e) for i, e in enumerate(log) if "apply" in e]
+    migrate = [(i, e) for i, e in applies if any(o.startswith("Job/pubsub-outbox-migrate") for o, _ in ours(e["render"]))]
+    waits = [i for i, e in enumerate(log) if e["tool"] == "wait"]
+    rolls = [(i, e) for i, e in applies if any(o == "Deployment/pubsub-outbox-dispatcher" for o, _ in ours(e["render"]))]
+    if not migrate:
+        return ["the steps never apply the migration Job"]
+    i, e = migrate[0]
+    if not e["apply"].startswith(overlay + os.sep):
+        problems.append(f"the migration Job is applied from {os.path.relpath(e['apply'], root)}, not from the overlay")
+    stale = [f"{o} {img}" for o, img in ours(e["render"]) if img != NEW["dispatcher"]]
+    if stale:
+        problems.append(f"the migration Job is applied with {', '.join(stale)}, not the new dispatcher image")
+    waited = [w for w in waits if w > i]
+    if not waited:
+        problems.append("nothing waits for the migration Job (deploy/k8s/migrate/wait) after it is applied")
+    if not rolls or (waited and rolls[0][0] < waited[0]):
+        problems.append("the dispatcher is not rolled out after the migration has completed")
+    until = waited[0] if waited else len(log)
+    early = [e for e in log[:until] if e["producer_image"] != old_producer]
+    if early:
+        problems.append(f"Terraform's producer_image moved before the migration completed "
+                        f"(at `{early[0]['tool']} {' '.join(early[0]['args'])}`): the producer would meet the old schema")
+    early_job = [e for e in log[:until] if "render" in e
+                 for o, img in ours(e["render"]) if "producer" in img and img == NEW["producer"]]
+    if early_job:
+        problems.append("the operator Job's producer image moved before the migration completed")
+    applies_tf = [e for e in log if e["tool"] == "terraform" and "apply" in e["args"]]
+    if not any(e["producer_image"] == NEW["producer"] for e in applies_tf):
+        problems.append("no `terraform apply` runs with the new producer_image")
+    return problems
+
+
+def after(root, env):
+    """Every image of the release is the new digest once the steps are done."""
+    problems = []
+    kubectl = env["REAL_KUBECTL"]
+    renders = {}
+    for entry in ("dispatcher", "migrate", "console"):
+        out = subprocess.run([kubectl, "kustomize", os.path.join(root, OVERLAY, entry)], capture_output=True, text=True)
+        renders[entry] = out.stdout
+    for binary, command in (("dispatcher", "status"), ("producer", "streams")):
+        out = subprocess.run([os.path.join(root, "deploy/k8s/operator/run"), "--overlay",
+                              os.path.join(root, OVERLAY, "operator-job"), "--print", binary, command],
+                             capture_output=True, text=True, env=dict(env, PATH=os.environ["PATH"]))
+        renders[f"operator Job ({binary} {command})"] = out.stdout + out.stderr
+    for what, text in renders.items():
+        path = os.path.join(root, "render.yaml")
+        with open(path, "w") as f:
+            f.write(text)
+        try:
+            found = ours(path)
+        except yaml.YAMLError:
+            problems.append(f"{what} does not render: {text[:300]}")
+            continue
+        if not found:
+            problems.append(f"{what}: no image of ours rendered")
+        for obj, image in found:
+            want = NEW["producer"] if "/producer" in image else NEW["dispatcher"]
+            if image != want:
+                problems.append(f"{what}: {obj} runs {image}, not the release's {want}")
+    if tfvars_producer(root) != NEW["producer"]:
+        problems.append(f"{ENVIRONMENT}/release.auto.tfvars: producer_image is {tfvars_producer(root)}, not {NEW['producer']}")
+    return problems
+
+
+# The procedures the self-test plants, each of which must be refused.
+EARLIER = """\
+# deploy/README.md before issue #52: `kustomize edit set image pubsub-outbox-dispatcher=…` in the
+# folders applied (here: the overlays), the producer's digest with them, then migrate and roll.
+for d in dispatcher migrate console operator-job; do
+  (cd "$OVERLAY/$d" && kustomize edit set image "pubsub-outbox-dispatcher=$DISPATCHER_IMAGE")
+done
+(cd "$OVERLAY/operator-job" && kustomize edit set image "pubsub-outbox-producer=$PRODUCER_IMAGE")
+sed -i "s|^producer_image = .*|producer_image = \\"$PRODUCER_IMAGE\\"|" "$ENVIRONMENT/release.auto.tfvars"
+git commit -am release
+kubectl -n pubsub-outbox-admin delete job pubsub-outbox-migrate --ignore-not-found
+kubectl apply -k "$OVERLAY/migrate"
+deploy/k8s/migrate/wait
+kubectl apply -k "$OVERLAY/dispatcher"
+kubectl apply -k "$OVERLAY/console"
+terraform -chdir="$ENVIRONMENT" apply
+"""
+
+
+def self_test(repo, script):
+    plants = {
+        "the earlier README's kustomize edit set image pubsub-outbox-dispatcher=…": EARLIER,
+        "the producer's image moved before the migration": re.sub(
+            r"(?s)\A(.*?)(deploy/release producer[^\n]*\n)", r"\2\1", script),
+        "the migration applied from the tracked base": script.replace('"$OVERLAY/migrate"', "deploy/k8s/migrate"),
+    }
+    failed = False
+    for name, planted in plants.items():
+        if planted == script:
+            print(f"could not plant: {name}")
+            failed = True
+            continue
+        problems = rehearse(repo, planted)
+        print(f"{'refused' if problems else 'NOT REFUSED'}: {name}" + (f" ({problems[0].splitlines()[0]})" if problems else ""))
+        failed |= not problems
+    return 1 if failed else 0
+
+
+def main(argv):
+    test = "--self-test" in argv
+    argv = [a for a in argv if a != "--self-test"]
+    repo = os.path.abspath(argv[0] if argv else os.path.join(os.path.dirname(__file__), ".."))
+    script = steps(open(os.path.join(repo, "deploy/README.md")).read())
+    if test:
+        return self_test(repo, script)
+    problems = rehearse(repo, script)
+    if problems:
+        print("\n".join(problems))
+        return 1
+    print("the README's release steps, run on overlays/example and environments/production: every image "
+          "(dispatcher, migration, console, operator Job, Terraform's producer) is the new digest; "
+          "migrate → wait → roll → producer")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
