@@ -47,7 +47,15 @@ def producer_image():
     text = open(os.path.join(env["RELEASE_ROOT"], env["ENVIRONMENT"], "release.auto.tfvars")).read()
     m = re.search(r'^producer_image\s*=\s*"([^"]*)"', text, re.M)
     return m.group(1) if m else None
-event = {"tool": tool, "args": args, "cwd": os.getcwd(), "producer_image": producer_image()}
+def component_producer():
+    path = os.path.join(env["RELEASE_ROOT"], env["OVERLAY"], "release", "kustomization.yaml")
+    doc = yaml.safe_load(open(path)) if os.path.exists(path) else None
+    for image in (doc or {}).get("images", []):
+        if image.get("name", "").endswith("/producer"):
+            return f"{image.get('newName')}@{image.get('digest')}"
+    return None
+event = {"tool": tool, "args": args, "cwd": os.getcwd(), "producer_image": producer_image(),
+         "component_producer": component_producer()}
 if tool == "kubectl" and args[:1] == ["kustomize"]:
     os.execv(env["REAL_KUBECTL"], [env["REAL_KUBECTL"]] + args)
 if tool == "kubectl" and "apply" in args and "-k" in args:
@@ -184,10 +192,10 @@ def order(log, root, old_producer):
     if early:
         problems.append(f"Terraform's producer_image moved before the migration completed "
                         f"(at `{early[0]['tool']} {' '.join(early[0]['args'])}`): the producer would meet the old schema")
-    early_job = [e for e in log[:until] if "render" in e
-                 for o, img in ours(e["render"]) if "producer" in img and img == NEW["producer"]]
+    early_job = [e for e in log[:until] if e["component_producer"] == NEW["producer"]]
     if early_job:
-        problems.append("the operator Job's producer image moved before the migration completed")
+        problems.append(f"the overlays' producer image (the operator Job's) moved before the migration "
+                        f"completed (at `{early_job[0]['tool']} {' '.join(early_job[0]['args'])}`)")
     applies_tf = [e for e in log if e["tool"] == "terraform" and "apply" in e["args"]]
     if not any(e["producer_image"] == NEW["producer"] for e in applies_tf):
         problems.append("no `terraform apply` runs with the new producer_image")
@@ -252,6 +260,12 @@ def self_test(repo, script):
         "the producer's image moved before the migration": re.sub(
             r"(?s)\A(.*?)(deploy/release producer[^\n]*\n)", r"\2\1", script),
         "the migration applied from the tracked base": script.replace('"$OVERLAY/migrate"', "deploy/k8s/migrate"),
+        # The operator Job's producer (the overlays' release component) moved by hand with the
+        # dispatcher's image, Terraform's left alone.
+        "the overlays' producer image moved before the migration": script.replace(
+            "kubectl -n pubsub-outbox-admin delete job",
+            f"sed -i 's/sha256:{'0' * 64}/sha256:{'b0' * 32}/' \"$OVERLAY/release/kustomization.yaml\"\n"
+            "kubectl -n pubsub-outbox-admin delete job", 1),
     }
     failed = False
     for name, planted in plants.items():
