@@ -40,22 +40,14 @@ FENCE = re.compile(r"^( *)```sh\n(.*?)^\1```", re.S | re.M)
 
 # The stand-in behind every recorded tool (a symlink per name): one JSON line per call.
 STAND_IN = r'''#!/usr/bin/env python3
-import json, os, re, subprocess, sys, yaml
+import json, os, subprocess, sys, yaml
+sys.path.insert(0, os.environ["RELEASE_CHECK_DIR"])
+from release_check import component_producer, tfvars_producer
 tool, args = os.path.basename(sys.argv[0]), sys.argv[1:]
 env = os.environ
-def producer_image():
-    text = open(os.path.join(env["RELEASE_ROOT"], env["ENVIRONMENT"], "release.auto.tfvars")).read()
-    m = re.search(r'^producer_image\s*=\s*"([^"]*)"', text, re.M)
-    return m.group(1) if m else None
-def component_producer():
-    path = os.path.join(env["RELEASE_ROOT"], env["OVERLAY"], "release", "kustomization.yaml")
-    doc = yaml.safe_load(open(path)) if os.path.exists(path) else None
-    for image in (doc or {}).get("images", []):
-        if image.get("name", "").endswith("/producer"):
-            return f"{image.get('newName')}@{image.get('digest')}"
-    return None
-event = {"tool": tool, "args": args, "cwd": os.getcwd(), "producer_image": producer_image(),
-         "component_producer": component_producer()}
+root = env["RELEASE_ROOT"]
+event = {"tool": tool, "args": args, "cwd": os.getcwd(), "producer_image": tfvars_producer(root),
+         "component_producer": component_producer(root)}
 if tool == "kubectl" and args[:1] == ["kustomize"]:
     os.execv(env["REAL_KUBECTL"], [env["REAL_KUBECTL"]] + args)
 if tool == "kubectl" and "apply" in args and "-k" in args:
@@ -100,22 +92,21 @@ def steps(readme):
     return "\n".join(blocks) + "\n"
 
 
-def images(render):
-    """Every container image of a rendered YAML file, by container name and kind/name."""
+def ours(text):
+    """The images of ours (dispatcher, producer) in rendered YAML: [(kind/name, image)]."""
     found = []
-    for doc in yaml.safe_load_all(open(render)):
-        if not doc:
-            continue
-        spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+    for doc in yaml.safe_load_all(text):
+        spec = (doc or {}).get("spec", {}).get("template", {}).get("spec", {})
         for c in spec.get("containers", []) + spec.get("initContainers", []):
-            found.append((f"{doc['kind']}/{doc['metadata'].get('name') or doc['metadata'].get('generateName')}",
-                          c["name"], c["image"]))
+            if re.search(r"/(dispatcher|producer)[@:]", c["image"]):
+                meta = doc["metadata"]
+                found.append((f"{doc['kind']}/{meta.get('name') or meta.get('generateName')}", c["image"]))
     return found
 
 
-def ours(render):
-    """The images of ours (dispatcher, producer) in a render: [(object, image)]."""
-    return [(obj, image) for obj, _, image in images(render) if re.search(r"/(dispatcher|producer)[@:]", image)]
+def applied(event):
+    """The images of ours in what a recorded `kubectl apply -k` would have applied."""
+    return ours(open(event["render"]).read())
 
 
 def rehearse(repo, script):
@@ -150,7 +141,8 @@ def _rehearse(repo, script, work):
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", REAL_KUBECTL=real_kubectl,
                EVENTS=events, RENDERS=renders, OVERLAY=OVERLAY, ENVIRONMENT=ENVIRONMENT, REPO=REPO,
                DISPATCHER_IMAGE=NEW["dispatcher"], PRODUCER_IMAGE=NEW["producer"],
-               OUTBOX_ACTOR="release-check", RELEASE_ROOT=root)
+               OUTBOX_ACTOR="release-check", RELEASE_ROOT=root,
+               RELEASE_CHECK_DIR=os.path.dirname(os.path.abspath(__file__)), PYTHONDONTWRITEBYTECODE="1")
     old_producer = tfvars_producer(root)
     run = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=root, env=env,
                          capture_output=True, text=True)
@@ -161,9 +153,20 @@ def _rehearse(repo, script, work):
 
 
 def tfvars_producer(root):
+    """Terraform's producer_image in the environment's release file under root."""
     text = open(os.path.join(root, ENVIRONMENT, "release.auto.tfvars")).read()
     m = re.search(r'^producer_image\s*=\s*"([^"]*)"', text, re.M)
     return m.group(1) if m else None
+
+
+def component_producer(root):
+    """The producer's image in the overlays' release component under root."""
+    path = os.path.join(root, OVERLAY, "release", "kustomization.yaml")
+    doc = yaml.safe_load(open(path)) if os.path.exists(path) else None
+    for image in (doc or {}).get("images", []):
+        if image.get("name", "").endswith("/producer"):
+            return f"{image.get('newName')}@{image.get('digest')}"
+    return None
 
 
 def order(log, root, old_producer):
@@ -171,15 +174,15 @@ def order(log, root, old_producer):
     problems = []
     overlay = os.path.join(root, OVERLAY)
     applies = [(i, e) for i, e in enumerate(log) if "apply" in e]
-    migrate = [(i, e) for i, e in applies if any(o.startswith("Job/pubsub-outbox-migrate") for o, _ in ours(e["render"]))]
+    migrate = [(i, e) for i, e in applies if any(o.startswith("Job/pubsub-outbox-migrate") for o, _ in applied(e))]
     waits = [i for i, e in enumerate(log) if e["tool"] == "wait"]
-    rolls = [(i, e) for i, e in applies if any(o == "Deployment/pubsub-outbox-dispatcher" for o, _ in ours(e["render"]))]
+    rolls = [(i, e) for i, e in applies if any(o == "Deployment/pubsub-outbox-dispatcher" for o, _ in applied(e))]
     if not migrate:
         return ["the steps never apply the migration Job"]
     i, e = migrate[0]
     if not e["apply"].startswith(overlay + os.sep):
         problems.append(f"the migration Job is applied from {os.path.relpath(e['apply'], root)}, not from the overlay")
-    stale = [f"{o} {img}" for o, img in ours(e["render"]) if img != NEW["dispatcher"]]
+    stale = [f"{o} {img}" for o, img in applied(e) if img != NEW["dispatcher"]]
     if stale:
         problems.append(f"the migration Job is applied with {', '.join(stale)}, not the new dispatcher image")
     waited = [w for w in waits if w > i]
@@ -216,11 +219,8 @@ def after(root, env):
                              capture_output=True, text=True, env=dict(env, PATH=os.environ["PATH"]))
         renders[f"operator Job ({binary} {command})"] = out.stdout + out.stderr
     for what, text in renders.items():
-        path = os.path.join(root, "render.yaml")
-        with open(path, "w") as f:
-            f.write(text)
         try:
-            found = ours(path)
+            found = ours(text)
         except yaml.YAMLError:
             problems.append(f"{what} does not render: {text[:300]}")
             continue
